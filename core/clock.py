@@ -1,0 +1,46 @@
+"""The one clock: PostgreSQL's `compute_now()`.
+
+Every process asks the database what time it is, so API replicas, the
+reconciler and the tests agree. Tests move the clock by setting
+`compute.clock_offset` (an interval) on a session or on the database.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import connection
+
+CLOCK_OFFSET_SETTING = "compute.clock_offset"
+
+COMPUTE_NOW_SQL = f"""
+CREATE OR REPLACE FUNCTION compute_now() RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT now() + COALESCE(NULLIF(current_setting('{CLOCK_OFFSET_SETTING}', true), ''), '0')::interval
+$$;
+"""
+
+
+def compute_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT compute_now()")
+        row = cursor.fetchone()
+    assert row is not None
+    value: datetime = row[0]
+    return value
+
+
+def set_clock_offset(offset: timedelta, *, local: bool = False) -> None:
+    """Shift `compute_now()` for this connection (or, with local, this transaction)."""
+    seconds = offset.total_seconds()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config(%s, %s, %s)",
+            [CLOCK_OFFSET_SETTING, f"{seconds} seconds", local],
+        )
+
+
+def to_millis(value: datetime | None) -> int | None:
+    if value is None:
+        return None
+    return int(value.timestamp() * 1000)

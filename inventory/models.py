@@ -1,0 +1,272 @@
+"""Tenants, pools, nodes and devices: what the fleet has.
+
+Node and device rows are also the rows the placer locks `FOR SHARE` (guard 4):
+every operator action that changes eligibility writes one of them, so a
+placement and that action serialize on the same row.
+"""
+
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import F, Q
+
+from core import ids
+
+TENANT_ID_VALIDATOR = RegexValidator(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class Tenant(models.Model):
+    id = models.CharField(primary_key=True, max_length=128, validators=[TENANT_ID_VALIDATOR])
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Project(models.Model):
+    id = models.CharField(primary_key=True, max_length=56, default=ids.id_default(ids.PROJECT))
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="projects")
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="project_unique_name_per_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.name}"
+
+
+class Sharing(models.TextChoices):
+    EXCLUSIVE = "exclusive"
+    MIG = "mig"
+    TIMESLICE = "timeslice"
+    MPS = "mps"
+
+
+class Pool(models.Model):
+    id = models.CharField(primary_key=True, max_length=57, default=ids.id_default(ids.POOL))
+    owner = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="owned_pools")
+    name = models.CharField(max_length=128)
+    gpu_model = models.CharField(max_length=64, blank=True, help_text="Empty means 'other'.")
+    sharing = models.CharField(max_length=16, choices=Sharing.choices, default=Sharing.EXCLUSIVE)
+    slots_per_gpu = models.PositiveSmallIntegerField(null=True, blank=True)
+    notice_seconds = models.PositiveIntegerField(default=30)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="pool_unique_name_per_owner"),
+            models.CheckConstraint(
+                name="pool_slots_match_sharing",
+                condition=(
+                    Q(sharing__in=["timeslice", "mps"], slots_per_gpu__gte=1)
+                    | (~Q(sharing__in=["timeslice", "mps"]) & Q(slots_per_gpu__isnull=True))
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner_id}/{self.name}"
+
+    @property
+    def archived(self) -> bool:
+        return self.archived_at is not None
+
+
+class Offering(models.Model):
+    """The pool is offered to another tenant; quotas live in `capacity.QuotaUsage`."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="offerings")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="offerings")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "tenant"], name="offering_unique_pool_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool} → {self.tenant_id}"
+
+
+class Role(models.TextChoices):
+    HOST = "host"
+    CONTROLLER = "controller"
+    STORAGE = "storage"
+    GATEWAY = "gateway"
+
+
+class Trust(models.TextChoices):
+    PLATFORM = "platform"
+    TENANT_OWNED = "tenant-owned"
+    TENANT_CONTROLLED = "tenant-controlled"
+
+
+class ProvisionState(models.TextChoices):
+    DISCOVERED = "discovered"
+    ADOPTING = "adopting"
+    ADOPTED = "adopted"
+    DEPLOYING = "deploying"
+    DEPLOYED = "deployed"
+    DEPROVISIONING = "deprovisioning"
+    FAILED = "failed"
+
+
+class Connectivity(models.TextChoices):
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+    UNKNOWN = "unknown"
+
+
+class Node(models.Model):
+    id = models.CharField(primary_key=True, max_length=57, default=ids.id_default(ids.NODE))
+    hostname = models.CharField(max_length=253, unique=True)
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.HOST)
+    trust = models.CharField(max_length=20, choices=Trust.choices, default=Trust.PLATFORM)
+    owner = models.ForeignKey(
+        Tenant,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="owned_nodes",
+        help_text="The owner of a tenant-owned node.",
+    )
+    provision_state = models.CharField(
+        max_length=16, choices=ProvisionState.choices, default=ProvisionState.DEPLOYED
+    )
+    connectivity = models.CharField(
+        max_length=16, choices=Connectivity.choices, default=Connectivity.CONNECTED
+    )
+    maintenance = models.BooleanField(default=False)
+    maintenance_reason = models.TextField(blank=True)
+    cordoned = models.BooleanField(default=False)
+    cordon_reason = models.TextField(blank=True)
+    cordoned_by = models.CharField(max_length=200, blank=True)
+    cordoned_at = models.DateTimeField(null=True, blank=True)
+    # Kept equal to the node's NoSchedule taints by the taint services, in the
+    # same transaction. It lives on the node row so that the schedulability
+    # predicate reads one row, and a taint write conflicts with the placer's
+    # FOR SHARE lock on that row (guard 4); a predicate that looked into the
+    # taint table would not be re-checked when the lock wait ends.
+    noschedule_taints = models.PositiveSmallIntegerField(default=0)
+    converged_specs = models.PositiveIntegerField(default=1)
+    labels = models.JSONField(default=dict, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            # The placer and the rebuild walk a pool's nodes.
+            models.Index(fields=["pool", "id"], name="node_pool"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="node_owner_iff_tenant_owned",
+                condition=(Q(trust="tenant-owned", owner__isnull=False) | ~Q(trust="tenant-owned")),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+
+class TaintEffect(models.TextChoices):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+
+
+class Taint(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="taints")
+    key = models.CharField(max_length=253)
+    value = models.CharField(max_length=253, blank=True)
+    effect = models.CharField(max_length=20, choices=TaintEffect.choices)
+    reason = models.TextField(blank=True)
+    created_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "key"], name="taint_unique_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}"
+
+
+class ScalarResource(models.TextChoices):
+    VCPU = "vcpu"
+    MEMORY_GIB = "memoryGiB"
+    DISK_GIB = "diskGiB"
+    HUGEPAGES_1GI = "hugepages1Gi"
+
+
+class NodeResource(models.Model):
+    """A scalar on a node. Claimed only by the guarded UPDATE of guard 3."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="resources")
+    resource = models.CharField(max_length=16, choices=ScalarResource.choices)
+    allocatable = models.BigIntegerField()
+    ratio = models.DecimalField(max_digits=6, decimal_places=3, default=1)
+    allocated = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "resource"], name="noderesource_unique"),
+            models.CheckConstraint(name="noderesource_allocatable_gte_0", condition=Q(allocatable__gte=0)),
+            models.CheckConstraint(name="noderesource_ratio_gt_0", condition=Q(ratio__gt=0)),
+            # The backstop of guard 3: the guarded UPDATE should never get here.
+            models.CheckConstraint(
+                name="noderesource_allocated_in_range",
+                condition=Q(allocated__gte=0)
+                & Q(allocated__lte=models.Func(F("allocatable") * F("ratio"), function="floor")),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} {self.resource} {self.allocated}/{self.allocatable}×{self.ratio}"
+
+
+class DeviceClass(models.TextChoices):
+    GPU = "gpu"
+    GPU_MIG = "gpu.mig"
+    GPU_SLOT = "gpu.slot"
+    NIC_VF = "nic.vf"
+    DISK = "disk"
+    NODE = "node"
+
+
+class Device(models.Model):
+    """A piece of hardware. Bookable devices are atoms; only atoms are booked."""
+
+    id = models.BigAutoField(primary_key=True)
+    uid = models.CharField(max_length=255, unique=True)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="devices")
+    device_class = models.CharField("class", max_length=16, choices=DeviceClass.choices)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    attributes = models.JSONField(default=dict, blank=True)
+    healthy = models.BooleanField(default=True)
+    bookable = models.BooleanField(default=True)
+    # Set when a report stops listing the device; the row stays while bookings refer to it.
+    vanished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            # The placer's candidate scan and the rebuild: a node's atoms of one class.
+            models.Index(
+                fields=["node", "device_class"],
+                name="device_atoms",
+                condition=Q(bookable=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.uid

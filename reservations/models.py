@@ -1,0 +1,133 @@
+"""Reservations, their allocations (one per node) and device bookings (one per atom)."""
+
+from __future__ import annotations
+
+from django.contrib.postgres.constraints import ExclusionConstraint
+from django.contrib.postgres.fields import DateTimeRangeField, RangeOperators
+from django.contrib.postgres.indexes import GistIndex
+from django.db import models
+from django.db.models import Q
+
+from core import ids
+
+
+class ReservationState(models.TextChoices):
+    SCHEDULED = "scheduled"
+    ACTIVE = "active"
+    ENDED = "ended"
+    RELEASED = "released"
+    PREEMPTED = "preempted"
+
+
+class Binding(models.TextChoices):
+    HOLD = "hold"
+    NODE = "node"
+
+
+class Reservation(models.Model):
+    id = models.CharField(primary_key=True, max_length=57, default=ids.id_default(ids.RESERVATION))
+    tenant = models.ForeignKey("inventory.Tenant", on_delete=models.PROTECT, related_name="reservations")
+    pool = models.ForeignKey("inventory.Pool", on_delete=models.PROTECT, related_name="reservations")
+    project = models.ForeignKey(
+        "inventory.Project", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # The request as the client gave it, and its canonical digest for idempotency.
+    request = models.JSONField()
+    request_digest = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=128)
+    spot = models.BooleanField(default=False)
+    binding = models.CharField(max_length=8, choices=Binding.choices, default=Binding.HOLD)
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    state = models.CharField(max_length=16, choices=ReservationState.choices)
+    lease_seconds = models.PositiveIntegerField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # A spot reservation displaced by a regular one: when it was told, and its new end.
+    notice_at = models.DateTimeField(null=True, blank=True)
+    notice_ends_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+    release_reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"], name="reservation_unique_idempotency_key"
+            ),
+            models.CheckConstraint(name="reservation_ends_after_start", condition=Q(ends_at__gt=models.F("starts_at"))),
+        ]
+        indexes = [
+            # reservations/list: a tenant's newest first, by cursor on (created_at, id).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="reservation_tenant_newest"),
+            # The lease reconciler finds expired leases of live reservations.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="reservation_lease_live",
+                condition=Q(state__in=["scheduled", "active"], lease_expires_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Allocation(models.Model):
+    """One node's share of a reservation, with the scalar claims taken from that node."""
+
+    id = models.CharField(primary_key=True, max_length=58, default=ids.id_default(ids.ALLOCATION))
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
+    node = models.ForeignKey("inventory.Node", on_delete=models.PROTECT, related_name="allocations")
+    # {"vcpu": 16, "memoryGiB": 128, "hugepages1Gi": 0}; given back on release.
+    resources = models.JSONField(default=dict, blank=True)
+    released = models.BooleanField(default=False)
+    created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["reservation", "node"], name="allocation_one_per_node")
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class BookingPurpose(models.TextChoices):
+    ALLOCATION = "allocation"
+    # Guard 2: a MIG or slot layout change books every atom of the GPU for the change window.
+    LAYOUT_CHANGE = "layout-change"
+
+
+class DeviceBooking(models.Model):
+    """A claim on one atom for `[start, end)`. History: a release shortens `during`."""
+
+    id = models.BigAutoField(primary_key=True)
+    device = models.ForeignKey("inventory.Device", on_delete=models.PROTECT, related_name="bookings")
+    allocation = models.ForeignKey(
+        Allocation, null=True, blank=True, on_delete=models.CASCADE, related_name="bookings"
+    )
+    purpose = models.CharField(max_length=16, choices=BookingPurpose.choices, default=BookingPurpose.ALLOCATION)
+    during = DateTimeRangeField()
+
+    class Meta:
+        db_table = "device_bookings"
+        constraints = [
+            # Guard 1: at most one booking per atom per instant, whatever the code above does.
+            ExclusionConstraint(
+                name="device_bookings_no_overlap",
+                expressions=[("device", RangeOperators.EQUAL), ("during", RangeOperators.OVERLAPS)],
+            ),
+            models.CheckConstraint(
+                name="device_bookings_allocation_iff_purpose",
+                condition=Q(purpose="allocation", allocation__isnull=False)
+                | Q(purpose="layout-change", allocation__isnull=True),
+            ),
+            models.CheckConstraint(name="device_bookings_nonempty", condition=~Q(during__isempty=True)),
+        ]
+        indexes = [
+            models.Index(fields=["allocation"], name="booking_allocation"),
+            # The timeline and the rebuild scan bookings by time, not by device.
+            GistIndex(fields=["during"], name="booking_during"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.device_id} {self.during}"
