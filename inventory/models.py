@@ -172,6 +172,8 @@ class Node(models.Model):
                 condition=(Q(trust="tenant-owned", owner__isnull=False) | ~Q(trust="tenant-owned")),
             ),
         ]
+        # Staff without it can look at the fleet in the admin but not act on nodes.
+        permissions = [("operate_nodes", "Can cordon, taint and put nodes in maintenance")]
 
     def __str__(self) -> str:
         return self.hostname
