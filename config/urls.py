@@ -1,6 +1,8 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from core.api import api_not_found
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -10,4 +12,11 @@ urlpatterns = [
     path("api/compute/", include("capacity.api.timeline")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # Last: any other /api/ URL answers the JSON envelope, even with DEBUG on
+    # (where handler404 is not used), so clients never parse an HTML page.
+    re_path(r"^api/", api_not_found),
 ]
+
+# Outside /api/ these fall back to Django's own pages (the admin).
+handler404 = "core.api.handler404"
+handler500 = "core.api.handler500"

@@ -1,24 +1,57 @@
-"""The API's shared pieces: the error envelope, strict input serializers, the RPC viewset base."""
+"""The API's shared pieces: the error envelope, strict input fields and serializers, the RPC viewset base.
+
+Every method is `POST /api/compute/<group>/<method>` with a JSON object body.
+A view reads as: validate (`rpc_input`) → decide (`core.decisions`) → call one
+service or selector → serialize (`rpc_output`).
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404
+from django.http import Http404, HttpRequest, JsonResponse
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions as drf_exceptions
-from rest_framework import serializers
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from core.errors import DomainError
+from core.authentication import BearerTokenAuthentication, PrincipalRequired
+from core.errors import DomainError, InvalidInput
 
 logger = logging.getLogger(__name__)
 
+API_PREFIX = "/api/"
+JSON_MEDIA_TYPE = "application/json"
 
-def error_response(code: str, message: str, status: int, details: list[dict[str, Any]] | None = None) -> Response:
-    return Response({"error": {"code": code, "message": message, "details": details or []}}, status=status)
+TENANT_ID_REGEX = r"^[A-Za-z0-9._:-]{1,128}$"
+POOL_ID_REGEX = r"^pool_[0-9a-hjkmnp-tv-z]{26,52}$"
+PROJECT_ID_REGEX = r"^prj_[0-9a-hjkmnp-tv-z]{26,52}$"
+NODE_ID_REGEX = r"^node_[0-9a-hjkmnp-tv-z]{26,52}$"
+RESERVATION_ID_REGEX = r"^rsv_[0-9a-hjkmnp-tv-z]{26,52}$"
+MAX_TIME_MS = 140737488355328
+
+
+# --- The error envelope -------------------------------------------------------
+
+
+def error_body(code: str, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details or []}}
+
+
+def error_response(
+    code: str, message: str, status: int, details: list[dict[str, Any]] | None = None
+) -> Response:
+    return Response(error_body(code, message, details), status=status)
 
 
 def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
@@ -46,6 +79,10 @@ def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
     return out
 
 
+def _body_error(message: str) -> Response:
+    return error_response("INVALID_INPUT", f"body: {message}", 400, [{"field": "body", "message": message}])
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """Render every error, from every method, in the contract's envelope."""
     if isinstance(exc, DomainError):
@@ -55,13 +92,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         first = details[0] if details else {"field": "body", "message": "invalid"}
         return error_response("INVALID_INPUT", f"{first['field']}: {first['message']}", 400, details)
     if isinstance(exc, drf_exceptions.ParseError):
-        return error_response("INVALID_INPUT", f"body: {exc.detail}", 400, [{"field": "body", "message": str(exc.detail)}])
+        return _body_error(str(exc.detail))
     if isinstance(exc, drf_exceptions.UnsupportedMediaType):
-        message = "Content-Type must be application/json"
-        return error_response("INVALID_INPUT", f"body: {message}", 400, [{"field": "body", "message": message}])
+        return _body_error("Content-Type must be application/json")
     if isinstance(exc, RequestDataTooBig):
-        message = "request body is too large"
-        return error_response("INVALID_INPUT", f"body: {message}", 400, [{"field": "body", "message": message}])
+        # Django raises this when the body exceeds DATA_UPLOAD_MAX_MEMORY_SIZE;
+        # the contract wants INVALID_INPUT, not 413 or 500.
+        return _body_error("the request body is too large")
     if isinstance(exc, (drf_exceptions.NotAuthenticated, drf_exceptions.AuthenticationFailed)):
         return error_response("UNAUTHENTICATED", "a valid bearer token is required", 401)
     if isinstance(exc, drf_exceptions.PermissionDenied):
@@ -69,7 +106,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, (Http404, drf_exceptions.NotFound)):
         return error_response("NOT_FOUND", "not found", 404)
     if isinstance(exc, drf_exceptions.MethodNotAllowed):
-        return error_response("INVALID_INPUT", "method: use POST", 405, [{"field": "method", "message": "use POST"}])
+        return error_response(
+            "INVALID_INPUT", "method: use POST", 405, [{"field": "method", "message": "use POST"}]
+        )
     if isinstance(exc, drf_exceptions.APIException):
         response = drf_exception_handler(exc, context)
         status = response.status_code if response is not None else 500
@@ -78,13 +117,239 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     return error_response("INTERNAL", "internal error", 500)
 
 
+def _is_api_path(request: HttpRequest) -> bool:
+    return request.path.startswith(API_PREFIX)
+
+
+def api_not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+    """Any unknown `/api/` URL, whatever the method: the envelope, not an HTML page."""
+    return JsonResponse(error_body("NOT_FOUND", "no such method"), status=404)
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
+    """JSON for `/api/` URLs, Django's page elsewhere (the admin)."""
+    if _is_api_path(request):
+        return api_not_found(request)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception or Http404())
+
+
+def handler500(request: HttpRequest) -> Any:
+    """An error outside a view (middleware, URL resolution): JSON for `/api/`, never a traceback."""
+    if _is_api_path(request):
+        return JsonResponse(error_body("INTERNAL", "internal error"), status=500)
+    from django.views.defaults import server_error
+
+    return server_error(request)
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    field = serializers.CharField()
+    message = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    """`{"error": {"code", "message", "details": [{"field", "message"}]}}`."""
+
+    class _Error(serializers.Serializer):
+        code = serializers.ChoiceField(
+            choices=[
+                "INVALID_INPUT",
+                "UNAUTHENTICATED",
+                "PERMISSION_DENIED",
+                "NOT_FOUND",
+                "CONFLICT",
+                "NO_CAPACITY",
+                "QUOTA_EXCEEDED",
+                "INTERNAL",
+            ]
+        )
+        message = serializers.CharField()
+        details = ErrorDetailSerializer(many=True)
+
+    error = _Error()
+
+
+# --- Strict input ---------------------------------------------------------------
+
+
 class StrictSerializer(serializers.Serializer):
-    """An input serializer that refuses unknown fields, at every depth."""
+    """An input serializer that refuses unknown fields, at every depth (nest StrictSerializers)."""
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, dict):
-            raise serializers.ValidationError({"body": ["must be a JSON object"]})
+            if self.parent is None:
+                raise serializers.ValidationError({"body": ["must be a JSON object"]})
+            raise serializers.ValidationError(["must be a JSON object"])
         unknown = sorted(set(data) - set(self.fields))
         if unknown:
             raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
         return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """An integer that must be a JSON number without a fraction: `"5"`, `5.5` and `true` are refused."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        if isinstance(data, float) and not data.is_integer():
+            self.fail("invalid")
+        value: int = super().to_internal_value(data)
+        return value
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON `true` or `false` only; `"yes"` or `1` would hide a client's bug."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only (DRF would turn `5` into `"5"`); whitespace kept as sent."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        value: str = super().to_internal_value(data)
+        return value
+
+
+class StrictRegexField(StrictCharField):
+    """A JSON string matching a pattern, with the pattern in the error message."""
+
+    def __init__(self, regex: str, **kwargs: Any) -> None:
+        from django.core.validators import RegexValidator
+
+        super().__init__(**kwargs)
+        self.validators.append(RegexValidator(regex, message=f"must match {regex}"))
+
+
+def tenant_id_field(**kwargs: Any) -> StrictRegexField:
+    kwargs.setdefault("source", "tenant_id")
+    return StrictRegexField(TENANT_ID_REGEX, max_length=128, **kwargs)
+
+
+def pool_id_field(**kwargs: Any) -> StrictRegexField:
+    kwargs.setdefault("source", "pool_id")
+    return StrictRegexField(POOL_ID_REGEX, max_length=57, **kwargs)
+
+
+def node_id_field(**kwargs: Any) -> StrictRegexField:
+    kwargs.setdefault("source", "node_id")
+    return StrictRegexField(NODE_ID_REGEX, max_length=57, **kwargs)
+
+
+def time_ms_field(**kwargs: Any) -> StrictIntegerField:
+    return StrictIntegerField(min_value=0, max_value=MAX_TIME_MS, **kwargs)
+
+
+# --- The RPC viewset ------------------------------------------------------------
+
+
+class StrictJSONParser(JSONParser):
+    """JSON only; the size limit is checked before a byte is parsed (see `RpcViewSet.initial`)."""
+
+
+class RpcAutoSchema(AutoSchema):
+    """Operation ids and tags as the contract names methods: `capacity.byPool`, tag `capacity`."""
+
+    def _method_path(self) -> list[str]:
+        return [part for part in self.path.split("/") if part][-2:]
+
+    def get_operation_id(self) -> str:
+        return ".".join(self._method_path())
+
+    def get_tags(self) -> list[str]:
+        return self._method_path()[:1]
+
+
+def check_json_body(request: Request) -> None:
+    """Refuse a body that is too large, empty, or not declared as JSON, before parsing it."""
+    meta = request.META
+    try:
+        length = int(meta.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is not None and length > limit:
+        raise InvalidInput.field("body", f"the request body is too large (at most {limit} bytes)")
+    media_type = (request.content_type or "").split(";", 1)[0].strip().lower()
+    if media_type != JSON_MEDIA_TYPE:
+        raise InvalidInput.field("body", "Content-Type must be application/json")
+    if length == 0:
+        raise InvalidInput.field("body", "must be a JSON object")
+
+
+class RpcViewSet(viewsets.ViewSet):
+    """Base for every `POST /api/compute/<group>/<method>` group: bearer tokens, JSON in and out."""
+
+    authentication_classes = [BearerTokenAuthentication]
+    permission_classes = [PrincipalRequired]
+    parser_classes = [StrictJSONParser]
+    renderer_classes = [JSONRenderer]
+    schema = RpcAutoSchema()
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        # Authentication and the principal check first: an anonymous caller
+        # learns nothing about what a valid body looks like.
+        super().initial(request, *args, **kwargs)
+        if request.method == "POST":
+            check_json_body(request)
+
+
+S = TypeVar("S", bound=serializers.BaseSerializer)
+F = TypeVar("F", bound=Callable[..., Any])
+
+ERROR_RESPONSES: dict[int, type[serializers.Serializer]] = {
+    400: ErrorSerializer,
+    401: ErrorSerializer,
+    403: ErrorSerializer,
+    404: ErrorSerializer,
+}
+
+
+def rpc_action(
+    method: str,
+    *,
+    request: type[serializers.BaseSerializer],
+    response: type[serializers.BaseSerializer],
+    summary: str,
+    description: str = "",
+    status: int = 200,
+    errors: dict[int, type[serializers.Serializer]] | None = None,
+) -> Callable[[F], F]:
+    """`@action(detail=False, methods=["post"], url_path=method)` plus its exact `@extend_schema`."""
+
+    def decorate(func: F) -> F:
+        responses: dict[int, Any] = {status: response, **ERROR_RESPONSES, **(errors or {})}
+        func = extend_schema(
+            request=request, responses=responses, summary=summary, description=description or func.__doc__
+        )(func)
+        decorated: F = action(detail=False, methods=["post"], url_path=method)(func)
+        return decorated
+
+    return decorate
+
+
+def rpc_input(request: Request, serializer_class: type[serializers.BaseSerializer]) -> dict[str, Any]:
+    """Validate the body; every bad field ends up in one INVALID_INPUT."""
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    data: dict[str, Any] = dict(serializer.validated_data)
+    return data
+
+
+def rpc_output(
+    serializer_class: type[serializers.BaseSerializer], instance: Any, *, status: int = 200
+) -> Response:
+    """Serialize the service's or selector's answer."""
+    return Response(serializer_class(instance).data, status=status)

@@ -8,12 +8,13 @@ from typing import Any
 
 from django.db.models import Func, Q
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from core.errors import Unauthenticated
 from core.models import ApiToken, Principal
 
-TOKEN_PREFIX = "bc_"
+TOKEN_PREFIX = "bc_"  # noqa: S105 (a public prefix, not a secret)
 
 
 def token_digest(token: str) -> str:
@@ -52,3 +53,13 @@ class BearerTokenAuthentication(BaseAuthentication):
 def principal_of(request: Any) -> Principal:
     principal: Principal = request.user
     return principal
+
+
+class PrincipalRequired(BasePermission):
+    """Any authenticated principal; what it may do is decided per method (`core.decisions`).
+
+    DRF's `IsAuthenticated` expects a Django user; a `Principal` is not one.
+    """
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, Principal)

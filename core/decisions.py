@@ -1,17 +1,22 @@
-"""Permission decisions: on the tenant, and on the pool (owned or offered).
+"""Permission decisions: on the tenant, on the pool (owned or offered), and on the platform.
 
 A method "decided on the tenant" needs a binding whose role holds the
-permission on `tenantId` (or on the platform). "Decided on the pool" adds that
-the pool is owned by or offered to the tenant, else NOT_FOUND; archived pools
-are visible to their owner only.
+permission on `tenantId`, or a platform binding of an operator (which covers
+every tenant). "Decided on the pool" adds that the pool is owned by or offered
+to the tenant, else NOT_FOUND; archived pools are visible to their owner only.
 """
 
 from __future__ import annotations
 
-from django.db.models import Exists, OuterRef, Q
+from typing import TYPE_CHECKING
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from core.errors import NotFound, PermissionDenied
 from core.models import Principal, Role, RoleBinding
+
+if TYPE_CHECKING:
+    from inventory.models import Pool
 
 CAPACITY_READ = "compute:capacity:read"
 RESERVATIONS_READ = "compute:reservations:read"
@@ -31,35 +36,47 @@ ROLES_HOLDING: dict[str, frozenset[str]] = {
 # platform binding may grant them.
 PLATFORM_ONLY = frozenset({NODES_OPERATE, INVENTORY_REPORT})
 
+# Only these roles mean anything on the platform. A platform binding of a
+# viewer or member (which `token_issue` refuses, but a hand-made row could
+# hold) must not silently cover every tenant.
+PLATFORM_ROLES = frozenset({Role.OPERATOR, Role.NODE_AGENT})
+
 
 def has_permission(*, principal: Principal, permission: str, tenant_id: str | None) -> bool:
+    """Whether one of the principal's bindings grants `permission` on the tenant (None: the platform)."""
     roles = ROLES_HOLDING[permission]
-    scope = Q(tenant__isnull=True)
+    scope = Q(tenant__isnull=True, role__in=roles & PLATFORM_ROLES)
     if tenant_id is not None and permission not in PLATFORM_ONLY:
-        scope |= Q(tenant_id=tenant_id)
-    return RoleBinding.objects.filter(scope, principal=principal, role__in=roles).exists()
+        scope |= Q(tenant_id=tenant_id, role__in=roles)
+    return RoleBinding.objects.filter(scope, principal=principal).exists()
 
 
 def decide_tenant(*, principal: Principal, tenant_id: str, permission: str) -> None:
+    """PERMISSION_DENIED unless the principal holds `permission` on `tenant_id`."""
     if not has_permission(principal=principal, permission=permission, tenant_id=tenant_id):
         raise PermissionDenied("the credential does not grant this method on this tenant")
 
 
 def decide_platform(*, principal: Principal, permission: str) -> None:
+    """PERMISSION_DENIED unless a platform binding grants `permission`."""
     if not has_permission(principal=principal, permission=permission, tenant_id=None):
         raise PermissionDenied("the credential does not grant this method")
 
 
-def visible_pools(*, tenant_id: str):  # type: ignore[no-untyped-def]
-    """Pools the tenant owns, or is offered and are not archived."""
+def visible_pools(*, tenant_id: str) -> QuerySet[Pool]:
+    """Pools the tenant owns (archived included), or is offered and are not archived."""
     from inventory.models import Offering, Pool
 
     offered = Exists(Offering.objects.filter(pool=OuterRef("pk"), tenant_id=tenant_id))
     return Pool.objects.filter(Q(owner_id=tenant_id) | (offered & Q(archived_at__isnull=True)))
 
 
-def decide_pool(*, principal: Principal, tenant_id: str, pool_id: str, permission: str):  # type: ignore[no-untyped-def]
-    """Decide on the tenant, then return the pool if the tenant can see it (else NOT_FOUND)."""
+def decide_pool(*, principal: Principal, tenant_id: str, pool_id: str, permission: str) -> Pool:
+    """Decide on the tenant, then return the pool if the tenant can see it (else NOT_FOUND).
+
+    The tenant decision comes first, so a caller without rights on the tenant
+    learns nothing about which pools exist (403 before any 404).
+    """
     decide_tenant(principal=principal, tenant_id=tenant_id, permission=permission)
     pool = visible_pools(tenant_id=tenant_id).filter(pk=pool_id).first()
     if pool is None:
