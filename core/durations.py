@@ -1,4 +1,20 @@
-"""Durations as the API takes them: seconds, `1h30m`-style strings, or ISO 8601 (`PT8H`, `P1D`)."""
+"""Durations as the API takes them: seconds, `1h30m`-style strings, or ISO 8601 (`PT8H`, `P1D`).
+
+The grammar is deliberately narrow so that a typo is refused instead of being
+read as something else:
+
+* an integer is seconds (a boolean is not an integer here), and so is a string
+  of digits alone (`"3600"`);
+* a compact string is units in the order w, d, h, m, s, each at most once,
+  lower case, no spaces inside (`90s`, `45m`, `8h`, `1d`, `2w`, `1h30m`);
+* an ISO 8601 string is `P[nW][nD][T[nH][nM][nS]]` with upper-case designators;
+  a `T` must be followed by at least one time part (`P1DT` is refused), and
+  years and months are refused because their length in seconds depends on the
+  calendar.
+
+Digits are ASCII only: Python's `\\d` and `int()` would otherwise accept other
+scripts' digits. Surrounding whitespace is tolerated, as CLI users paste it.
+"""
 
 from __future__ import annotations
 
@@ -6,33 +22,68 @@ import re
 
 MIN_SECONDS = 60
 MAX_SECONDS = 366 * 86400
+# Longer strings are refused before any parsing, so the parser's cost is bounded
+# whatever a client sends.
+MAX_TEXT_LENGTH = 64
 
-_UNITS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
-_COMPACT = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_ISO = re.compile(r"^P(?:(\d+)W)?(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$")
+_UNITS = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+_COMPACT = re.compile(r"(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+_ISO = re.compile(r"P(?:([0-9]+)W)?(?:([0-9]+)D)?(?:T(?=[0-9])(?:([0-9]+)H)?(?:([0-9]+)M)?(?:([0-9]+)S)?)?")
+
+_SHAPE = "must be seconds or a duration string such as 90s, 1h30m, 1d or PT8H"
 
 
 class DurationError(ValueError):
-    pass
+    """A duration the API cannot take; the message is written for the client."""
+
+
+def _seconds_of(text: str) -> int:
+    """Seconds of a compact or ISO string, without range checks."""
+    text = text.strip()
+    if not text or len(text) > MAX_TEXT_LENGTH:
+        raise DurationError(_SHAPE)
+    if text.isascii() and text.isdigit():
+        # A bare number in a string is seconds, as the integer form is.
+        return int(text)
+    match = _ISO.fullmatch(text) if text.startswith("P") else _COMPACT.fullmatch(text)
+    if match is None or not any(group is not None for group in match.groups()):
+        if text.startswith("P") and re.search(r"[YM]", text.split("T", 1)[0]):
+            raise DurationError("years and months are not fixed lengths; use weeks or days")
+        raise DurationError(_SHAPE)
+    return sum(int(group) * unit for group, (_, unit) in zip(match.groups(), _UNITS, strict=True) if group)
 
 
 def parse_duration(value: object, *, minimum: int = MIN_SECONDS, maximum: int = MAX_SECONDS) -> int:
     """Seconds in [minimum, maximum]; DurationError says what is wrong in words a client can act on."""
     if isinstance(value, bool):
-        raise DurationError("must be seconds or a duration string such as 1h30m or PT8H")
+        raise DurationError(_SHAPE)
     if isinstance(value, int):
         seconds = value
     elif isinstance(value, str):
-        text = value.strip()
-        match = _COMPACT.match(text) if text and text[0].isdigit() else None
-        if match is None and text.startswith("P"):
-            match = _ISO.match(text)
-        if match is None or not any(match.groups()) or len(text) > 64:
-            raise DurationError("must be seconds or a duration string such as 1h30m or PT8H")
-        values = [int(group) if group else 0 for group in match.groups()]
-        seconds = sum(v * u for v, u in zip(values, _UNITS.values(), strict=True))
+        seconds = _seconds_of(value)
     else:
-        raise DurationError("must be seconds or a duration string such as 1h30m or PT8H")
+        raise DurationError(_SHAPE)
     if seconds < minimum or seconds > maximum:
-        raise DurationError(f"must be between {minimum} seconds and {maximum // 86400} days")
+        raise DurationError(f"must be between {_describe(minimum)} and {_describe(maximum)}")
     return seconds
+
+
+def format_duration(seconds: int) -> str:
+    """The shortest compact form (`1h30m`), which `parse_duration` reads back to `seconds`."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0:
+        raise DurationError("must be a non-negative integer number of seconds")
+    if seconds == 0:
+        return "0s"
+    parts = []
+    rest = seconds
+    for name, unit in _UNITS:
+        count, rest = divmod(rest, unit)
+        if count:
+            parts.append(f"{count}{name}")
+    return "".join(parts)
+
+
+def _describe(seconds: int) -> str:
+    if seconds % 86400 == 0 and seconds >= 86400:
+        return f"{seconds // 86400} days"
+    return f"{seconds} seconds"
