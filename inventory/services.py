@@ -155,12 +155,12 @@ def _book_layout_change(device_ids: list[int], *, open_ended: bool) -> set[int]:
 
     `INSERT ... ON CONFLICT DO NOTHING` (no conflict target) honours the exclusion
     constraint, so an atom with a live or future booking is skipped, not raised on,
-    and the caller compares counts. Open-ended (`[now, infinity)`) so that a booking
+    and the caller compares counts. Open-ended (`[now, )`: unbounded, as `infinity`) so that a booking
     starting any time later also refuses the change; the caller cuts it afterwards.
     """
     if not device_ids:
         return set()
-    upper = "'infinity'::timestamptz" if open_ended else "compute_now() + make_interval(secs => %s)"
+    upper = "NULL" if open_ended else "compute_now() + make_interval(secs => %s)"
     params: list[Any] = [device_ids]
     if not open_ended:
         params.append(_layout_window_seconds())
