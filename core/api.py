@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, JsonResponse
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions as drf_exceptions
@@ -259,6 +260,16 @@ class StrictJSONParser(JSONParser):
     """JSON only; the size limit is checked before a byte is parsed (see `RpcViewSet.initial`)."""
 
 
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """`Authorization: Bearer bc_...` in the OpenAPI document (and Swagger UI's Authorize button)."""
+
+    target_class = "core.authentication.BearerTokenAuthentication"
+    name = "bearerToken"
+
+    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "a token from `manage.py issue_token`"}
+
+
 class RpcAutoSchema(AutoSchema):
     """Operation ids and tags as the contract names methods: `capacity.byPool`, tag `capacity`."""
 
@@ -331,10 +342,12 @@ def rpc_action(
 
     def decorate(func: F) -> F:
         responses: dict[int, Any] = {status: response, **ERROR_RESPONSES, **(errors or {})}
-        func = extend_schema(
-            request=request, responses=responses, summary=summary, description=description or func.__doc__
-        )(func)
-        decorated: F = action(detail=False, methods=["post"], url_path=method)(func)
+        # extend_schema goes on the outside, as drf-spectacular documents for actions.
+        routed = action(detail=False, methods=["post"], url_path=method)(func)
+        text = description or func.__doc__ or ""
+        decorated: F = extend_schema(request=request, responses=responses, summary=summary, description=text)(
+            routed
+        )
         return decorated
 
     return decorate

@@ -1,5 +1,13 @@
+"""Routes of the capacity reads: `capacity/summary`, `capacity/byPool`, `pools/capacity`."""
+
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from capacity.api.views import CapacityViewSet, PoolsViewSet
+
+router = SimpleRouter(trailing_slash=False)
+router.register("capacity", CapacityViewSet, basename="capacity")
+router.register("pools", PoolsViewSet, basename="pools")
+
+urlpatterns = router.urls

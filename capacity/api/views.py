@@ -1,0 +1,73 @@
+"""`capacity/summary`, `capacity/byPool` and `pools/capacity`: rollup reads (`compute:capacity:read`)."""
+
+from __future__ import annotations
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from capacity.api.serializers import ByPoolInput, ByPoolOutput, SummaryInput, SummaryOutput
+from capacity.selectors import capacity_summary, rollup_rows
+from core.api import RpcViewSet, rpc_action, rpc_input, rpc_output
+from core.authentication import principal_of
+from core.decisions import CAPACITY_READ, decide_pool, decide_tenant
+
+
+def _by_pool(request: Request) -> Response:
+    data = rpc_input(request, ByPoolInput)
+    pool = decide_pool(
+        principal=principal_of(request),
+        tenant_id=data["tenant_id"],
+        pool_id=data["pool_id"],
+        permission=CAPACITY_READ,
+    )
+    return rpc_output(ByPoolOutput, {"poolId": pool.pk, "rows": rollup_rows(pool_id=pool.pk)})
+
+
+BY_POOL_DESCRIPTION = (
+    "One pool's rollup rows, one per resource, ordered by resource name. `available` is conservative: "
+    "an atom booked now and again later counts in both `allocated` and `reserved`. NOT_FOUND when the "
+    "pool is not owned by or offered to the tenant, or is archived and the tenant is not its owner."
+)
+
+
+class CapacityViewSet(RpcViewSet):
+    """The capacity group."""
+
+    @rpc_action(
+        "summary",
+        request=SummaryInput,
+        response=SummaryOutput,
+        summary="Every pool the tenant owns or is offered, with rollup rows and whole-GPU totals per model",
+        description=(
+            "Archived pools appear only for their owner. `byGpuModel` sums only each pool's `gpu` row; "
+            "a pool without a GPU model is counted under `other`. Decided on the tenant."
+        ),
+    )
+    def summary(self, request: Request) -> Response:
+        data = rpc_input(request, SummaryInput)
+        decide_tenant(principal=principal_of(request), tenant_id=data["tenant_id"], permission=CAPACITY_READ)
+        return rpc_output(SummaryOutput, capacity_summary(tenant_id=data["tenant_id"]))
+
+    @rpc_action(
+        "byPool",
+        request=ByPoolInput,
+        response=ByPoolOutput,
+        summary="One pool's rollup rows",
+        description=BY_POOL_DESCRIPTION,
+    )
+    def by_pool(self, request: Request) -> Response:
+        return _by_pool(request)
+
+
+class PoolsViewSet(RpcViewSet):
+    """The pools group: `pools/capacity` answers exactly as `capacity/byPool`."""
+
+    @rpc_action(
+        "capacity",
+        request=ByPoolInput,
+        response=ByPoolOutput,
+        summary="One pool's rollup rows (same as capacity.byPool)",
+        description=BY_POOL_DESCRIPTION,
+    )
+    def capacity(self, request: Request) -> Response:
+        return _by_pool(request)
