@@ -1,0 +1,196 @@
+"""`capacity --tenant T [--pool ID] [--preview --gpus N --for 1d --selector "..."] [--json]`.
+
+The seeds' CLI: the tenant's summary, one pool's rows, or a placement
+preview. `--json` prints exactly what the API answers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from capacity.selectors import capacity_summary, rollup_rows
+from core.decisions import visible_pools
+
+ROW_COLUMNS = (
+    "resource",
+    "total",
+    "allocatable",
+    "allocated",
+    "reserved",
+    "available",
+    "provisioning",
+    "unhealthy",
+    "maintenance",
+    "unreachable",
+)
+BAR_WIDTH = 30
+
+
+class Command(BaseCommand):
+    help = "Show a tenant's capacity: the summary, one pool's rollup rows, or a placement preview."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--tenant", required=True, help="The tenant whose view to show.")
+        parser.add_argument("--pool", help="One pool's rows (or the pool to preview in).")
+        parser.add_argument("--json", action="store_true", help="Print the API's JSON answer.")
+        # --preview and its arguments: the placement preview lives with the
+        # reservations code (`reservations.cli.preview_command`); this command
+        # only parses the arguments and hands them over.
+        parser.add_argument("--preview", action="store_true", help="Would a request fit now, and where?")
+        parser.add_argument("--gpus", type=int, help="With --preview: how many GPUs.")
+        parser.add_argument(
+            "--for", dest="duration", help="With --preview: how long (1d, 8h, PT8H, seconds)."
+        )
+        parser.add_argument(
+            "--selector", help='With --preview: clauses such as "vramGiB >= 80, gpuModel == H100".'
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tenant_id: str = options["tenant"]
+        pool_id: str | None = options["pool"]
+        as_json: bool = options["json"]
+        if options["preview"]:
+            self._preview(tenant_id, pool_id, options, as_json)
+            return
+        if any(options[name] is not None for name in ("gpus", "duration", "selector")):
+            raise CommandError("--gpus, --for and --selector go with --preview")
+        if pool_id:
+            if not visible_pools(tenant_id=tenant_id).filter(pk=pool_id).exists():
+                raise CommandError(f"pool {pool_id} not found for tenant {tenant_id}")
+            answer: dict[str, Any] = {"poolId": pool_id, "rows": rollup_rows(pool_id=pool_id)}
+            if as_json:
+                self.stdout.write(json.dumps(answer, indent=2))
+            else:
+                self._print_pool(answer)
+            return
+        summary = capacity_summary(tenant_id=tenant_id)
+        if as_json:
+            self.stdout.write(json.dumps(summary, indent=2))
+        else:
+            self._print_summary(summary)
+
+    def _preview(self, tenant_id: str, pool_id: str | None, options: dict[str, Any], as_json: bool) -> None:
+        try:
+            cli = importlib.import_module("reservations.cli")
+        except ModuleNotFoundError as error:
+            if error.name not in ("reservations.cli",):
+                raise
+            raise CommandError("preview is not available") from None
+        preview_command = getattr(cli, "preview_command", None)
+        if preview_command is None:
+            raise CommandError("preview is not available")
+        if not pool_id or options["gpus"] is None or not options["duration"]:
+            raise CommandError("--preview needs --pool, --gpus and --for")
+        preview_command(
+            tenant_id,
+            pool_id,
+            options["gpus"],
+            options["duration"],
+            options["selector"],
+            as_json,
+            self.stdout,
+        )
+
+    # Rendering ---------------------------------------------------------
+
+    def _emit(self, *renderables: Any) -> None:
+        """Render with rich into a buffer, then write once (OutputWrapper adds line endings per write)."""
+        from rich.console import Console
+
+        buffer = io.StringIO()
+        tty = self.stdout.isatty()
+        console = Console(file=buffer, force_terminal=tty, no_color=not tty, width=160)
+        for renderable in renderables:
+            console.print(renderable)
+        self.stdout.write(buffer.getvalue(), ending="")
+
+    def _rows_table(self, title: str, rows: list[dict[str, Any]]) -> Any:
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left")
+        for column in ROW_COLUMNS:
+            table.add_column(column, justify="left" if column == "resource" else "right")
+        for row in rows:
+            table.add_row(*(str(row[column]) for column in ROW_COLUMNS))
+        return table
+
+    def _print_pool(self, answer: dict[str, Any]) -> None:
+        out: list[Any] = [self._rows_table(answer["poolId"], answer["rows"])]
+        gpu = next((row for row in answer["rows"] if row["resource"] == "gpu"), None)
+        if gpu is not None and self.stdout.isatty():
+            out.append(_bar(gpu))
+        self._emit(*out)
+
+    def _print_summary(self, summary: dict[str, Any]) -> None:
+        from rich.table import Table
+
+        out: list[Any] = [f"Capacity for tenant [bold]{summary['tenantId']}[/bold]"]
+        pools = Table(title="Pools (whole GPUs)", title_justify="left")
+        for column in (
+            "pool",
+            "id",
+            "owner",
+            "model",
+            "sharing",
+            "total",
+            "allocated",
+            "reserved",
+            "available",
+        ):
+            pools.add_column(column)
+        bars = self.stdout.isatty()
+        if bars:
+            pools.add_column("allocated / reserved / available")
+        for pool in summary["pools"]:
+            gpu = next((row for row in pool["capacity"] if row["resource"] == "gpu"), None)
+            name = (
+                pool["name"]
+                + (" (offered)" if pool["offered"] else "")
+                + (" (archived)" if pool["archived"] else "")
+            )
+            numbers = [str(gpu[k]) if gpu else "-" for k in ("total", "allocated", "reserved", "available")]
+            cells = [
+                name,
+                pool["poolId"],
+                pool["ownerTenantId"],
+                pool["gpuModel"] or "other",
+                pool["sharing"],
+                *numbers,
+            ]
+            if bars:
+                cells.append(_bar(gpu) if gpu else "")
+            pools.add_row(*cells)
+        out.append(pools)
+
+        models = Table(title="By GPU model (gpu rows only)", title_justify="left")
+        for column in ("model", "total", "allocatable", "allocated", "reserved", "available"):
+            models.add_column(column, justify="left" if column == "model" else "right")
+        for model, sums in summary["byGpuModel"].items():
+            models.add_row(
+                model, *(str(sums[k]) for k in ("total", "allocatable", "allocated", "reserved", "available"))
+            )
+        out.append(models)
+
+        for pool in summary["pools"]:
+            others = [row for row in pool["capacity"] if row["resource"] != "gpu"]
+            if others:
+                out.append(self._rows_table(f"{pool['name']}: other resources", others))
+        self._emit(*out)
+
+
+def _bar(row: dict[str, Any]) -> str:
+    """A small stacked bar of allocated (red), reserved (yellow) and available (green) out of allocatable."""
+    scale = max(row["allocatable"], row["allocated"] + row["reserved"], 1)
+    allocated = round(BAR_WIDTH * row["allocated"] / scale)
+    reserved = round(BAR_WIDTH * row["reserved"] / scale)
+    available = max(0, min(BAR_WIDTH - allocated - reserved, round(BAR_WIDTH * row["available"] / scale)))
+    rest = BAR_WIDTH - allocated - reserved - available
+    return (
+        f"[red]{'█' * allocated}[/red][yellow]{'█' * reserved}[/yellow]"
+        f"[green]{'█' * available}[/green][dim]{'·' * max(0, rest)}[/dim]"
+    )

@@ -1,0 +1,119 @@
+"""`rebuild_rollups [--pool ID] [--every SECONDS]`: rebuild now, or run as the reconciler loop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from capacity.reconciler import PassResult, install_stop_handlers, reconcile_loop, reconcile_once
+from capacity.rollups import rollup_rebuild
+from inventory.models import Pool
+
+
+class Command(BaseCommand):
+    help = "Rebuild the pool capacity rollups once, or every N seconds as the reconciler."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--pool", help="Rebuild only this pool (once).")
+        parser.add_argument(
+            "--every",
+            type=float,
+            nargs="?",
+            const=-1.0,
+            default=None,
+            metavar="SECONDS",
+            help="Run as the reconciler loop; without a value, CAPACITY_ROLLUP_EVERY_SECONDS.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        pool_id: str | None = options["pool"]
+        every: float | None = options["every"]
+        if pool_id and every is not None:
+            raise CommandError("--pool rebuilds once; the loop always rebuilds every pool")
+        if pool_id:
+            self._rebuild_pool(pool_id)
+        elif every is None:
+            self._rebuild_once()
+        else:
+            period = float(settings.CAPACITY_ROLLUP_EVERY_SECONDS) if every < 0 else every
+            if period <= 0:
+                raise CommandError("--every must be more than 0 seconds")
+            self._loop(period)
+
+    def _rebuild_pool(self, pool_id: str) -> None:
+        if not Pool.objects.filter(pk=pool_id).exists():
+            raise CommandError(f"pool {pool_id} not found")
+        rows = rollup_rebuild(pool_id=pool_id)
+        gpu = next((r for r in rows if r.resource == "gpu"), None)
+        line = f"rebuilt {pool_id}: {len(rows)} rows"
+        if gpu is not None:
+            line += (
+                f", gpu {gpu.allocated} allocated / {gpu.reserved} reserved / {gpu.allocatable} allocatable"
+            )
+        self.stdout.write(line)
+
+    def _rebuild_once(self) -> None:
+        started = time.monotonic()
+        seen = {"pools": 0}
+        with self._progress() as tick:
+
+            def progress(done: int, total: int) -> None:
+                seen["pools"] = total
+                tick(done, total)
+
+            ran = reconcile_once(progress=progress)
+        if not ran:
+            self.stdout.write("another reconciler holds the lock; nothing rebuilt")
+            return
+        self.stdout.write(f"rebuilt {seen['pools']} pools in {time.monotonic() - started:.2f}s")
+
+    def _loop(self, period: float) -> None:
+        stop = threading.Event()
+        restore = install_stop_handlers(stop)
+        self.stdout.write(f"reconciler: a pass every {period:g}s; SIGTERM or Ctrl-C stops it")
+
+        def on_pass(result: PassResult) -> None:
+            if result.ran:
+                self.stdout.write(f"pass done in {result.seconds:.2f}s")
+            else:
+                self.stdout.write("pass skipped: another reconciler holds the lock")
+
+        try:
+            with self._progress() as tick:
+                reconcile_loop(every=period, stop=stop, on_pass=on_pass, progress=tick)
+        finally:
+            restore()
+        self.stdout.write("reconciler stopped")
+
+    @contextmanager
+    def _progress(self) -> Iterator[Callable[[int, int], None]]:
+        """A rich progress bar per pass on a terminal; plain, quiet progress otherwise."""
+        if not self.stdout.isatty():
+            yield lambda done, total: None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("rebuilding pools"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        ) as bar:
+            task_ids: list[Any] = []
+
+            def tick(done: int, total: int) -> None:
+                if done == 0 or not task_ids:
+                    # A new pass: a fresh bar.
+                    for task in task_ids:
+                        bar.remove_task(task)
+                    task_ids[:] = [bar.add_task("pass", total=total)]
+                bar.update(task_ids[0], completed=done, total=total)
+
+            yield tick

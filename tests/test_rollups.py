@@ -1,0 +1,630 @@
+"""Rollups: the rebuild's capacity math, deltas, the race with a booking, the reconciler and the CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+
+from capacity import reconciler, rollups
+from capacity.models import PoolCapacityRollup
+from capacity.reconciler import (
+    PassResult,
+    install_stop_handlers,
+    reconcile_hook_register,
+    reconcile_loop,
+    reconcile_once,
+    reconcile_pass,
+)
+from capacity.rollups import rollup_apply_delta, rollup_apply_deltas, rollup_rebuild, rollup_rebuild_all
+from capacity.selectors import capacity_summary, rollup_rows
+from core.clock import compute_now, set_clock_offset
+from core.locks import ADVISORY_LOCK_KEYS
+from inventory.models import Device, Node, Pool
+from reservations.models import DeviceBooking
+from tests.factories import (
+    AllocationFactory,
+    DeviceFactory,
+    NodeFactory,
+    NodeResourceFactory,
+    OfferingFactory,
+    PoolFactory,
+    TenantFactory,
+)
+
+COUNTED = ("total", "allocatable", "allocated", "reserved", "available")
+BUCKET_FIELDS = ("provisioning", "unhealthy", "maintenance", "unreachable")
+
+
+# Helpers ----------------------------------------------------------------
+
+
+def gpus(node: Node, count: int, **fields: object) -> list[Device]:
+    return [DeviceFactory(node=node, **fields) for _ in range(count)]
+
+
+def book(device: Device, start: timedelta, end: timedelta, *, pool: Pool | None = None) -> DeviceBooking:
+    """A booking of `device` for [now + start, now + end), on an allocation of its node."""
+    now = compute_now()
+    allocation = AllocationFactory(node=device.node, reservation__pool=pool or device.node.pool)
+    return DeviceBooking.objects.create(
+        device=device, allocation=allocation, during=DateTimeTZRange(now + start, now + end)
+    )
+
+
+def row(pool: Pool, resource: str = "gpu") -> PoolCapacityRollup:
+    return PoolCapacityRollup.objects.get(pool=pool, resource=resource)
+
+
+def snapshot(pool_ids: list[str] | None = None) -> dict[tuple[str, str], tuple[int, ...]]:
+    """Every rollup row's numbers (not its timestamps), for comparing two states."""
+    fields = ("allocatable", "allocated", "reserved", "available", *BUCKET_FIELDS, "total")
+    qs = PoolCapacityRollup.objects.all()
+    if pool_ids is not None:
+        qs = qs.filter(pool_id__in=pool_ids)
+    return {(r.pool_id, r.resource): tuple(getattr(r, f) for f in fields) for r in qs}
+
+
+HOUR = timedelta(hours=1)
+
+
+# Capacity math ---------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_scalars_count_the_floor_of_allocatable_times_ratio() -> None:
+    pool = PoolFactory()
+    first, second = NodeFactory(pool=pool), NodeFactory(pool=pool)
+    NodeResourceFactory(node=first, resource="vcpu", allocatable=7, ratio=Decimal("1.5"), allocated=3)
+    NodeResourceFactory(node=second, resource="vcpu", allocatable=5, ratio=Decimal("2.3"), allocated=2)
+    NodeResourceFactory(node=first, resource="memoryGiB", allocatable=10, ratio=Decimal("1.0"))
+    cordoned = NodeFactory(pool=pool, cordoned=True)
+    NodeResourceFactory(node=cordoned, resource="vcpu", allocatable=3, ratio=Decimal("1.5"), allocated=1)
+
+    rollup_rebuild(pool_id=pool.id)
+
+    vcpu = row(pool, "vcpu")
+    # floor(7 × 1.5) + floor(5 × 2.3) = 10 + 11; not floor(10.5 + 11.5) = 22.
+    assert vcpu.allocatable == 21
+    assert vcpu.allocated == 5
+    assert vcpu.reserved == 0
+    assert vcpu.available == 16
+    # The cordoned node's floor(3 × 1.5) sits in its bucket, its claim outside the row.
+    assert vcpu.maintenance == 4
+    assert vcpu.total == 25
+    assert row(pool, "memoryGiB").allocatable == 10
+
+
+@pytest.mark.django_db
+def test_gpus_are_never_overcommitted() -> None:
+    pool = PoolFactory()
+    node = NodeFactory(pool=pool)
+    # A generous vcpu ratio on the node does not stretch its GPUs.
+    NodeResourceFactory(node=node, resource="vcpu", allocatable=8, ratio=Decimal("4.0"))
+    devices = gpus(node, 2)
+    book(devices[0], -HOUR, HOUR)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        book(devices[0], timedelta(minutes=-5), HOUR)
+
+    rollup_rebuild(pool_id=pool.id)
+
+    gpu = row(pool)
+    assert gpu.allocatable == 2
+    assert gpu.allocated == 1
+    assert gpu.available == 1
+    assert row(pool, "vcpu").allocatable == 32
+
+
+@pytest.mark.django_db
+def test_total_is_allocatable_plus_the_four_buckets_in_every_row() -> None:
+    pool = PoolFactory()
+    healthy = NodeFactory(pool=pool)
+    gpus(healthy, 3)
+    gpus(healthy, 1, healthy=False)
+    DeviceFactory(node=healthy, device_class="nic.vf", uid=f"{healthy.hostname}/0000:3b:00.2", attributes={})
+    NodeResourceFactory(node=healthy, resource="vcpu", allocatable=64)
+    gpus(NodeFactory(pool=pool, maintenance=True), 2)
+    gpus(NodeFactory(pool=pool, connectivity="disconnected"), 2)
+    gpus(NodeFactory(pool=pool, provision_state="deploying"), 2)
+    gpus(NodeFactory(pool=pool, noschedule_taints=1), 2)
+    gpus(NodeFactory(pool=pool, role="controller"), 2)
+
+    rows = rollup_rebuild(pool_id=pool.id)
+
+    assert {r.resource for r in rows} == {"gpu", "nic.vf", "vcpu"}
+    for r in rows:
+        assert r.total == r.allocatable + r.provisioning + r.unhealthy + r.maintenance + r.unreachable
+    gpu = row(pool)
+    assert (gpu.allocatable, gpu.maintenance, gpu.unreachable, gpu.provisioning, gpu.unhealthy) == (3, 2, 2, 2, 3)
+    assert gpu.total == 12  # the controller's two GPUs are excluded
+
+
+@pytest.mark.django_db
+def test_every_pool_gets_a_gpu_row_and_rows_of_resources_it_lost_go() -> None:
+    empty = PoolFactory(gpu_model="")
+    pool = PoolFactory()
+    node = NodeFactory(pool=pool)
+    mig = DeviceFactory(node=node, device_class="gpu.mig", attributes={"migProfile": "3g.40gb"})
+
+    assert rollup_rebuild_all() >= 2
+    assert [r.resource for r in rollup_rebuild(pool_id=empty.id)] == ["gpu"]
+    assert row(empty).total == 0
+    assert {r.resource for r in PoolCapacityRollup.objects.filter(pool=pool)} == {"gpu", "gpu.mig"}
+
+    Device.objects.filter(pk=mig.pk).update(bookable=False)
+    assert [r.resource for r in rollup_rebuild(pool_id=pool.id)] == ["gpu"]
+
+
+@pytest.mark.django_db
+def test_moving_the_clock_moves_a_future_booking_from_reserved_to_allocated() -> None:
+    pool = PoolFactory()
+    (device,) = gpus(NodeFactory(pool=pool), 1)
+    book(device, 2 * HOUR, 3 * HOUR)
+
+    rollup_rebuild(pool_id=pool.id)
+    assert (row(pool).allocated, row(pool).reserved) == (0, 1)
+
+    set_clock_offset(timedelta(hours=2, minutes=30))
+    # The rows do not move on their own: the rollup lags until the next rebuild.
+    assert (row(pool).allocated, row(pool).reserved) == (0, 1)
+    rollup_rebuild(pool_id=pool.id)
+    assert (row(pool).allocated, row(pool).reserved) == (1, 0)
+
+    set_clock_offset(timedelta(hours=4))
+    rollup_rebuild(pool_id=pool.id)
+    assert (row(pool).allocated, row(pool).reserved, row(pool).available) == (0, 0, 1)
+
+
+@pytest.mark.django_db
+def test_an_atom_booked_now_and_later_counts_in_both_allocated_and_reserved() -> None:
+    pool = PoolFactory()
+    first, second = gpus(NodeFactory(pool=pool), 2)
+    book(first, -HOUR, HOUR)
+    book(first, 2 * HOUR, 3 * HOUR)
+    book(first, 4 * HOUR, 5 * HOUR)  # a second future booking still counts the atom once
+    book(second, -3 * HOUR, -2 * HOUR)  # over: neither
+
+    rollup_rebuild(pool_id=pool.id)
+
+    gpu = row(pool)
+    assert (gpu.allocatable, gpu.allocated, gpu.reserved, gpu.available) == (2, 1, 1, 0)
+
+
+@pytest.mark.django_db
+def test_bookings_on_atoms_outside_allocatable_are_not_counted() -> None:
+    pool = PoolFactory()
+    node = NodeFactory(pool=pool)
+    sick, well = gpus(node, 2)
+    book(sick, -HOUR, HOUR)
+    book(well, -HOUR, HOUR)
+    Device.objects.filter(pk=sick.pk).update(healthy=False)
+
+    rollup_rebuild(pool_id=pool.id)
+
+    gpu = row(pool)
+    assert (gpu.allocatable, gpu.unhealthy, gpu.allocated, gpu.available) == (1, 1, 1, 0)
+
+
+@pytest.mark.django_db
+def test_deltas_and_the_rebuild_agree() -> None:
+    pool = PoolFactory()
+    node = NodeFactory(pool=pool)
+    NodeResourceFactory(node=node, resource="vcpu", allocatable=64)
+    devices = gpus(node, 4)
+    rollup_rebuild(pool_id=pool.id)
+
+    # Placements: two GPUs from now with 16 vCPUs, one GPU later.
+    now_bookings = [book(d, -timedelta(minutes=1), HOUR) for d in devices[:2]]
+    node.resources.filter(resource="vcpu").update(allocated=16)
+    rollup_apply_deltas(pool_id=pool.id, deltas={"gpu": (2, 0), "vcpu": (16, 0)})
+    later = book(devices[2], 2 * HOUR, 3 * HOUR)
+    rollup_apply_delta(pool_id=pool.id, resource="gpu", reserved=1)
+    assert snapshot([pool.id]) == snapshot_after_rebuild(pool)
+
+    # Releases: one started booking ends now, the future one is deleted.
+    now = compute_now()
+    DeviceBooking.objects.filter(pk=now_bookings[0].pk).update(
+        during=DateTimeTZRange(now_bookings[0].during.lower, now)
+    )
+    later.delete()
+    rollup_apply_delta(pool_id=pool.id, resource="gpu", allocated=-1, reserved=-1)
+    assert snapshot([pool.id]) == snapshot_after_rebuild(pool)
+    assert (row(pool).allocated, row(pool).reserved, row(pool).available) == (1, 0, 3)
+
+
+def snapshot_after_rebuild(pool: Pool) -> dict[tuple[str, str], tuple[int, ...]]:
+    rollup_rebuild(pool_id=pool.id)
+    return snapshot([pool.id])
+
+
+# The summary -------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_by_gpu_model_sums_only_gpu_rows_and_puts_pools_without_a_model_under_other(
+    django_assert_max_num_queries: Callable[..., object],
+) -> None:
+    acme, beta = TenantFactory(id="acme"), TenantFactory(id="beta")
+    h100_a = PoolFactory(owner=acme, gpu_model="H100", name="h100-a")
+    h100_b = PoolFactory(owner=beta, gpu_model="H100", name="h100-b")
+    OfferingFactory(pool=h100_b, tenant=acme)
+    plain = PoolFactory(owner=acme, gpu_model="", name="plain")
+    hidden = PoolFactory(owner=beta, gpu_model="H100", name="not-offered")
+    for pool, count in ((h100_a, 2), (h100_b, 3), (plain, 1), (hidden, 5)):
+        node = NodeFactory(pool=pool)
+        gpus(node, count)
+        NodeResourceFactory(node=node, resource="vcpu", allocatable=100)
+        DeviceFactory(node=node, device_class="gpu.mig", attributes={})
+    book(Device.objects.filter(node__pool=h100_b, device_class="gpu").first(), -HOUR, HOUR)
+    rollup_rebuild_all()
+
+    with django_assert_max_num_queries(3):
+        summary = capacity_summary(tenant_id="acme")
+
+    assert [p["name"] for p in summary["pools"]] == ["h100-a", "h100-b", "plain"]
+    offered = {p["name"]: p["offered"] for p in summary["pools"]}
+    assert offered == {"h100-a": False, "h100-b": True, "plain": False}
+    assert summary["byGpuModel"]["H100"] == {"total": 5, "allocatable": 5, "allocated": 1, "reserved": 0, "available": 4}
+    assert summary["byGpuModel"]["other"] == {"total": 1, "allocatable": 1, "allocated": 0, "reserved": 0, "available": 1}
+    plain_rows = next(p for p in summary["pools"] if p["name"] == "plain")["capacity"]
+    assert [r["resource"] for r in plain_rows] == ["gpu", "gpu.mig", "vcpu"]
+    first = plain_rows[0]
+    assert set(first) == {"poolId", "resource", *COUNTED, *BUCKET_FIELDS, "updatedAt"}
+    assert isinstance(first["updatedAt"], int)
+    assert rollup_rows(pool_id=plain.id) == plain_rows
+
+
+@pytest.mark.django_db
+def test_archived_pools_appear_only_for_their_owner() -> None:
+    acme, beta = TenantFactory(id="acme"), TenantFactory(id="beta")
+    archived = PoolFactory(owner=acme, name="old", archived_at=compute_now())
+    OfferingFactory(pool=archived, tenant=beta)
+    rollup_rebuild_all()
+    assert [p["archived"] for p in capacity_summary(tenant_id="acme")["pools"]] == [True]
+    assert capacity_summary(tenant_id="beta")["pools"] == []
+
+
+# The race between a booking and a rebuild -----------------------------------
+
+
+def wait_until_waiting_on_a_lock(pid: int) -> None:
+    """Block until backend `pid` waits on a heavyweight lock (fail if it never does)."""
+    with connections["default"].cursor() as cursor:
+        for _ in range(2000):
+            cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+            found = cursor.fetchone()
+            if found and found[0] == "Lock":
+                return
+            time.sleep(0.005)
+    raise AssertionError(f"backend {pid} never waited on a lock")
+
+
+class Worker(threading.Thread):
+    """A thread with its own database connection, which it closes at the end."""
+
+    def __init__(self, target: Callable[[], None]) -> None:
+        super().__init__(daemon=True)
+        self._target_fn = target
+        self.pid: int | None = None
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                self.pid = cursor.fetchone()[0]
+            self.ready.set()
+            self._target_fn()
+        except BaseException as error:  # reported by join_ok
+            self.error = error
+            self.ready.set()
+        finally:
+            connection.close()
+
+    def join_ok(self) -> None:
+        self.join(timeout=60)
+        assert not self.is_alive()
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture
+def race_pool() -> Iterator[tuple[Pool, Device]]:
+    pool = PoolFactory()
+    (device,) = gpus(NodeFactory(pool=pool), 1)
+    rollup_rebuild(pool_id=pool.id)
+    yield pool, device
+
+
+def placement(device: Device, booked: threading.Event, commit: threading.Event) -> Callable[[], None]:
+    """A booking transaction: book the GPU from now, apply the delta, then commit when told."""
+
+    def run() -> None:
+        with transaction.atomic():
+            allocation = AllocationFactory(node=device.node, reservation__pool=device.node.pool)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "INSERT INTO device_bookings (device_id, allocation_id, purpose, during)"
+                    " VALUES (%s, %s, 'allocation', tstzrange(compute_now(), compute_now() + interval '1 hour'))",
+                    [device.id, allocation.id],
+                )
+            rollup_apply_delta(pool_id=device.node.pool_id, resource="gpu", allocated=1)
+            booked.set()
+            assert commit.wait(30)
+
+    return run
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_booking_that_locks_first_is_counted_once_by_a_racing_rebuild(race_pool: tuple[Pool, Device]) -> None:
+    pool, device = race_pool
+    booked, commit = threading.Event(), threading.Event()
+    booking = Worker(placement(device, booked, commit))
+    booking.start()
+    assert booked.wait(30)
+    rebuild = Worker(lambda: rollup_rebuild(pool_id=pool.id) and None)
+    rebuild.start()
+    assert rebuild.ready.wait(30)
+    # The rebuild waits on the row the uncommitted booking updated...
+    wait_until_waiting_on_a_lock(rebuild.pid)
+    commit.set()
+    booking.join_ok()
+    rebuild.join_ok()
+    # ...and, counting after the lock, sees the booking: once, not zero or twice.
+    assert row(pool).allocated == 1
+    assert snapshot([pool.id]) == snapshot_after_rebuild(pool)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_booking_that_comes_after_the_rebuild_locked_is_counted_once(
+    race_pool: tuple[Pool, Device], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool, device = race_pool
+    locked, resume = threading.Event(), threading.Event()
+
+    def pause_after_lock() -> None:
+        locked.set()
+        assert resume.wait(30)
+
+    monkeypatch.setattr(rollups, "_after_lock", pause_after_lock)
+    rebuild = Worker(lambda: rollup_rebuild(pool_id=pool.id) and None)
+    rebuild.start()
+    assert locked.wait(30)
+    booked, commit = threading.Event(), threading.Event()
+    commit.set()
+    booking = Worker(placement(device, booked, commit))
+    booking.start()
+    assert booking.ready.wait(30)
+    # The booking's delta waits for the rebuild's row lock; the rebuild then
+    # counts without the uncommitted booking, and the delta adds it after.
+    wait_until_waiting_on_a_lock(booking.pid)
+    resume.set()
+    rebuild.join_ok()
+    booking.join_ok()
+    monkeypatch.setattr(rollups, "_after_lock", lambda: None)
+    assert row(pool).allocated == 1
+    assert snapshot([pool.id]) == snapshot_after_rebuild(pool)
+
+
+# The reconciler ------------------------------------------------------------
+
+
+@pytest.fixture
+def hooks() -> Iterator[list[Callable[[], None]]]:
+    saved = list(reconciler.RECONCILE_HOOKS)
+    reconciler.RECONCILE_HOOKS.clear()
+    yield reconciler.RECONCILE_HOOKS
+    reconciler.RECONCILE_HOOKS[:] = saved
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_advisory_lock_lets_only_one_of_two_reconcilers_run(hooks: list[Callable[[], None]]) -> None:
+    pool = PoolFactory()
+    gpus(NodeFactory(pool=pool), 2)
+    inside, finish = threading.Event(), threading.Event()
+
+    def slow_hook() -> None:
+        inside.set()
+        assert finish.wait(30)
+
+    reconcile_hook_register(slow_hook)
+    results: dict[str, bool] = {}
+    first = Worker(lambda: results.__setitem__("first", reconcile_once()))
+    first.start()
+    assert inside.wait(30)
+    # The first pass holds the lock: a second replica skips its pass.
+    second = Worker(lambda: results.__setitem__("second", reconcile_once()))
+    second.start()
+    second.join_ok()
+    finish.set()
+    first.join_ok()
+    assert results == {"first": True, "second": False}
+    assert row(pool).allocatable == 2
+    # Released at the end of the pass: the next one runs.
+    hooks.clear()
+    assert reconcile_once() is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reconcile_once_skips_while_another_session_holds_the_lock(hooks: list[Callable[[], None]]) -> None:
+    key = ADVISORY_LOCK_KEYS["rollup-reconciler"]
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [key])
+            taken.set()
+            assert release.wait(30)
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+    holder = Worker(hold)
+    holder.start()
+    assert taken.wait(30)
+    assert reconcile_once() is False
+    release.set()
+    holder.join_ok()
+    assert reconcile_once() is True
+
+
+@pytest.mark.django_db
+def test_hooks_run_before_the_rebuild_and_a_failing_hook_does_not_stop_it(
+    hooks: list[Callable[[], None]],
+) -> None:
+    pool = PoolFactory()
+    (device,) = gpus(NodeFactory(pool=pool), 1)
+    calls: list[str] = []
+
+    def broken() -> None:
+        calls.append("broken")
+        raise RuntimeError("boom")
+
+    def cordon() -> None:
+        calls.append("cordon")
+        Node.objects.filter(pk=device.node_id).update(cordoned=True)
+
+    reconcile_hook_register(broken)
+    reconcile_hook_register(cordon)
+    reconcile_hook_register(cordon)  # once only
+
+    result = reconcile_pass()
+
+    assert result.ran
+    assert calls == ["broken", "cordon"]
+    assert (row(pool).allocatable, row(pool).maintenance) == (0, 1)
+
+
+@pytest.mark.django_db
+def test_the_loop_body_rebuilds_and_reports_progress(hooks: list[Callable[[], None]]) -> None:
+    pool = PoolFactory()
+    gpus(NodeFactory(pool=pool), 3)
+    seen: list[tuple[int, int]] = []
+
+    result = reconcile_pass(progress=lambda done, total: seen.append((done, total)))
+
+    assert result.ran
+    total = Pool.objects.count()
+    assert seen[0] == (0, total) and seen[-1] == (total, total)
+    assert row(pool).allocatable == 3
+
+
+@pytest.mark.django_db
+def test_sigterm_stops_the_loop_after_the_current_pass(hooks: list[Callable[[], None]]) -> None:
+    pool = PoolFactory()
+    gpus(NodeFactory(pool=pool), 1)
+    stop = threading.Event()
+    restore = install_stop_handlers(stop)
+    passes: list[PassResult] = []
+
+    def on_pass(result: PassResult) -> None:
+        passes.append(result)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        # A day between passes: only the signal can end this loop promptly.
+        count = reconcile_loop(every=86400, stop=stop, on_pass=on_pass)
+    finally:
+        restore()
+    assert count == 1
+    assert stop.is_set()
+    assert [p.ran for p in passes] == [True]
+    assert row(pool).allocatable == 1
+    assert signal.getsignal(signal.SIGTERM) is not None
+
+
+@pytest.mark.django_db
+def test_the_rebuild_rollups_command_loop_exits_cleanly_on_sigterm(hooks: list[Callable[[], None]]) -> None:
+    PoolFactory()
+
+    def terminate() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    reconcile_hook_register(terminate)
+    out = io.StringIO()
+    call_command("rebuild_rollups", "--every", "86400", stdout=out)
+    text = out.getvalue()
+    assert "pass done" in text
+    assert text.rstrip().endswith("reconciler stopped")
+
+
+# The commands ---------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_rebuild_rollups_once_and_for_one_pool() -> None:
+    pool = PoolFactory()
+    gpus(NodeFactory(pool=pool), 2)
+    out = io.StringIO()
+    call_command("rebuild_rollups", stdout=out)
+    assert f"rebuilt {Pool.objects.count()} pools" in out.getvalue()
+    out = io.StringIO()
+    call_command("rebuild_rollups", "--pool", pool.id, stdout=out)
+    assert "gpu 0 allocated / 0 reserved / 2 allocatable" in out.getvalue()
+    with pytest.raises(CommandError):
+        call_command("rebuild_rollups", "--pool", "pool_00000000000000000000000000")
+
+
+@pytest.mark.django_db
+def test_capacity_command_prints_the_api_json_and_tables() -> None:
+    acme = TenantFactory(id="acme")
+    pool = PoolFactory(owner=acme, name="h100-east")
+    gpus(NodeFactory(pool=pool), 4)
+    rollup_rebuild_all()
+
+    out = io.StringIO()
+    call_command("capacity", "--tenant", "acme", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == capacity_summary(tenant_id="acme")
+
+    out = io.StringIO()
+    call_command("capacity", "--tenant", "acme", "--pool", pool.id, "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {"poolId": pool.id, "rows": rollup_rows(pool_id=pool.id)}
+
+    out = io.StringIO()
+    call_command("capacity", "--tenant", "acme", stdout=out)
+    assert "h100-east" in out.getvalue() and "H100" in out.getvalue()
+
+    with pytest.raises(CommandError, match="not found"):
+        call_command("capacity", "--tenant", "someone-else", "--pool", pool.id)
+
+
+@pytest.mark.django_db
+def test_capacity_preview_hands_over_to_the_reservations_cli_or_says_it_is_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+    import types
+
+    calls: list[tuple[object, ...]] = []
+    fake = types.ModuleType("reservations.cli")
+    fake.preview_command = lambda *args: calls.append(args)  # type: ignore[attr-defined]
+    real_import = importlib.import_module
+
+    def fake_import(name: str, package: str | None = None) -> types.ModuleType:
+        if name == "reservations.cli":
+            return fake
+        return real_import(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    args = ["--tenant", "acme", "--preview", "--pool", "pool_x", "--gpus", "8", "--for", "1d"]
+    call_command("capacity", *args, "--selector", "vramGiB >= 80", "--json")
+    assert calls and calls[0][:6] == ("acme", "pool_x", 8, "1d", "vramGiB >= 80", True)
+
+    def missing(name: str, package: str | None = None) -> types.ModuleType:
+        if name == "reservations.cli":
+            raise ModuleNotFoundError(name=name)
+        return real_import(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    with pytest.raises(CommandError, match="preview is not available"):
+        call_command("capacity", *args)
