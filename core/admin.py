@@ -1,0 +1,294 @@
+"""Admin for principals, role bindings, tokens and the audit trail.
+
+Also holds the small pieces every app's admin shares: the read-only base
+class, the actor string written to the audit trail, and the intermediate
+"give a reason" page that actions render before they call a service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from core import services
+from core.errors import DomainError
+from core.models import ApiToken, AuditEvent, Principal, Role, RoleBinding
+
+
+def admin_actor(request: HttpRequest) -> str:
+    """Who the audit trail names for an admin action: the Django user, marked as such."""
+    return f"admin:{request.user.get_username()}"
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Records written only by services (bookings, rollups, the audit trail): look, never edit."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Written to the audit trail. Say why, for the next person on call.",
+    )
+
+
+class OptionalReasonForm(forms.Form):
+    reason = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Optional; written to the audit trail.",
+    )
+
+
+def reason_action(
+    *,
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    title: str,
+    form_class: type[forms.Form],
+    apply: Callable[[Any, dict[str, Any]], bool],
+    done: Callable[[int], str],
+    action_name: str,
+    warning: str = "",
+) -> HttpResponse | None:
+    """An admin action with an intermediate form: ask, then call `apply` per row and say how many changed.
+
+    `apply(obj, cleaned_data)` calls one service and returns whether the row
+    changed. A `DomainError` from a service is shown per row, not raised.
+    """
+    form = form_class(request.POST if "apply" in request.POST else None)
+    if "apply" in request.POST and form.is_valid():
+        changed = 0
+        for obj in queryset:
+            try:
+                if apply(obj, form.cleaned_data):
+                    changed += 1
+            except DomainError as exc:
+                modeladmin.message_user(request, f"{obj}: {exc}", messages.ERROR)
+        modeladmin.message_user(request, done(changed), messages.SUCCESS if changed else messages.WARNING)
+        return None
+    opts = modeladmin.model._meta
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": title,
+        "opts": opts,
+        "form": form,
+        "objects": list(queryset),
+        "action_name": action_name,
+        "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        "warning": warning,
+    }
+    return TemplateResponse(request, "admin/reason_action.html", context)
+
+
+# --- principals, bindings, tokens ------------------------------------------------------------
+
+
+class RoleBindingInline(admin.TabularInline):
+    model = RoleBinding
+    extra = 0
+    fields = ("role", "tenant", "created_at")
+    readonly_fields = ("created_at",)
+    autocomplete_fields = ("tenant",)
+
+
+@admin.register(Principal)
+class PrincipalAdmin(admin.ModelAdmin):
+    list_display = ("name", "id", "binding_count", "token_count", "created_at")
+    search_fields = ("id", "name")
+    readonly_fields = ("id", "created_at")
+    inlines = (RoleBindingInline,)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Principal]:
+        # Counted in the list query itself, not one query per row.
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_bindings=Count("bindings", distinct=True),
+                n_tokens=Count("tokens", distinct=True),
+            )
+        )
+
+    @admin.display(description="bindings", ordering="n_bindings")
+    def binding_count(self, obj: Any) -> int:
+        return int(obj.n_bindings)
+
+    @admin.display(description="tokens", ordering="n_tokens")
+    def token_count(self, obj: Any) -> int:
+        return int(obj.n_tokens)
+
+
+@admin.register(RoleBinding)
+class RoleBindingAdmin(admin.ModelAdmin):
+    list_display = ("principal", "role", "scope", "created_at")
+    list_filter = ("role", ("tenant", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("principal",)
+    search_fields = ("principal__name", "principal__id", "tenant__id")
+    autocomplete_fields = ("principal", "tenant")
+
+    @admin.display(description="scope", ordering="tenant")
+    def scope(self, obj: RoleBinding) -> str:
+        return obj.tenant_id or "platform"
+
+
+class TokenIssueForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices)
+    tenant = forms.CharField(
+        required=False,
+        help_text="Viewer and member tokens need a tenant; operator and node-agent tokens must have none.",
+    )
+    name = forms.CharField(required=False, help_text="Tells tokens apart, e.g. 'ci-deployer'.")
+    expires_in_days = forms.IntegerField(required=False, min_value=1, help_text="Empty: never expires.")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = (
+        "prefix_display",
+        "name",
+        "principal",
+        "status",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+    )
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter), ("expires_at", admin.EmptyFieldListFilter))
+    list_select_related = ("principal",)
+    search_fields = ("prefix", "name", "principal__name", "principal__id")
+    # The digest is never shown: it is what a stolen database would need to match.
+    fields = ("id", "principal", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at")
+    readonly_fields = fields
+    actions = ("revoke_tokens",)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # revoke instead: the row is the audit trail's subject
+
+    @admin.display(description="token")
+    def prefix_display(self, obj: ApiToken) -> str:
+        return f"{obj.prefix}…"
+
+    @admin.display(description="status")
+    def status(self, obj: ApiToken) -> str:
+        return "revoked" if obj.revoked_at else "active"
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path("issue/", self.admin_site.admin_view(self.issue_view), name="core_apitoken_issue"),
+            *super().get_urls(),
+        ]
+
+    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: Any = None) -> HttpResponse:
+        # "Add" means issuing: the secret must be generated by the service and shown once.
+        return HttpResponseRedirect(reverse("admin:core_apitoken_issue"))
+
+    def issue_view(self, request: HttpRequest) -> HttpResponse:
+        """Issue a token through `token_issue`; the plaintext is on the response page only."""
+        if not self.has_add_permission(request):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        form = TokenIssueForm(request.POST or None)
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "title": "Issue an API token",
+            "opts": self.model._meta,
+            "form": form,
+        }
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            days = data.get("expires_in_days")
+            try:
+                token, secret = services.token_issue(
+                    tenant_id=data["tenant"] or None,
+                    role=data["role"],
+                    name=data["name"],
+                    expires_in_seconds=days * 86400 if days else None,
+                )
+            except DomainError as exc:
+                form.add_error(None, str(exc))
+            else:
+                services.audit_record(
+                    actor=admin_actor(request),
+                    action="token.issue.admin",
+                    subject_type="token",
+                    subject_id=token.pk,
+                )
+                context.update({"title": "Token issued", "token": token, "secret": secret})
+                response = TemplateResponse(request, "admin/core/apitoken/issued.html", context)
+                # The secret must not linger in any cache.
+                response["Cache-Control"] = "no-store"
+                return response
+        return TemplateResponse(request, "admin/core/apitoken/issue.html", context)
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> HttpResponse | None:
+        def apply(token: ApiToken, _data: dict[str, Any]) -> bool:
+            was_active = token.revoked_at is None
+            services.token_revoke(token=token, actor=admin_actor(request))
+            return was_active
+
+        return reason_action(
+            modeladmin=self,
+            request=request,
+            queryset=queryset,
+            title="Revoke tokens",
+            form_class=forms.Form,
+            apply=apply,
+            done=lambda n: f"Revoked {n} token{'s' if n != 1 else ''}; they stop working at once.",
+            action_name="revoke_tokens",
+            warning="Clients using these tokens will get 401 on their next call.",
+        )
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    list_display = ("at", "actor", "action", "subject_type", "subject_link", "reason")
+    list_filter = ("action", "subject_type", ("at", admin.DateFieldListFilter))
+    search_fields = ("subject_id", "actor", "reason", "action")
+    date_hierarchy = "at"
+    list_per_page = 100
+
+    @admin.display(description="subject", ordering="subject_id")
+    def subject_link(self, obj: AuditEvent) -> str:
+        targets: dict[str, str] = {
+            "node": "admin:inventory_node_change",
+            "token": "admin:core_apitoken_change",
+        }
+        name = targets.get(obj.subject_type)
+        if name:
+            return format_html('<a href="{}">{}</a>', reverse(name, args=[obj.subject_id]), obj.subject_id)
+        return obj.subject_id
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+__all__: Sequence[str] = (
+    "OptionalReasonForm",
+    "ReadOnlyAdmin",
+    "ReasonForm",
+    "admin_actor",
+    "plural",
+    "reason_action",
+)

@@ -1,0 +1,206 @@
+"""Reads for the operator admin's node page and node actions.
+
+Kept out of the admin classes so that they stay thin and so that the numbers
+an operator sees (GPUs that left `allocatable`) are computed in one place that
+tests call directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.db.models import Q, QuerySet
+
+from capacity.schedulability import SCHEDULABLE, node_bucket
+from core.models import AuditEvent
+from inventory.models import Device, Node
+
+GPU_ATOM_CLASSES = ("gpu", "gpu.mig", "gpu.slot")
+
+
+def node_allocatable_gpus(*, node: Node) -> int:
+    """GPU atoms this node adds to `allocatable` now: healthy bookable gpu atoms, if schedulable.
+
+    The same rule as the rebuild's: a node outside the `schedulable` bucket
+    contributes nothing, whatever its devices' health.
+    """
+    if node_bucket(node) != SCHEDULABLE:
+        return 0
+    return Device.objects.filter(
+        node=node, device_class__in=GPU_ATOM_CLASSES, bookable=True, healthy=True
+    ).count()
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """What one operator action did to one node, in the terms an operator reads."""
+
+    node: Node
+    bucket_before: str
+    bucket_after: str
+    gpus_before: int
+    gpus_after: int
+    changed: bool = True
+
+    @property
+    def gpu_delta(self) -> int:
+        return self.gpus_after - self.gpus_before
+
+
+def node_change_summary(changes: list[NodeChange]) -> str:
+    """One sentence: how many nodes, how many GPUs left or joined allocatable."""
+    delta = sum(c.gpu_delta for c in changes)
+    moved = [c for c in changes if c.bucket_before != c.bucket_after]
+    if delta < 0:
+        gpus = f"{-delta} GPU{'s' if -delta != 1 else ''} left allocatable"
+    elif delta > 0:
+        gpus = f"{delta} GPU{'s' if delta != 1 else ''} joined allocatable"
+    else:
+        gpus = "allocatable GPUs unchanged"
+    buckets = ", ".join(f"{c.node.hostname}: {c.bucket_before} → {c.bucket_after}" for c in moved[:5])
+    if len(moved) > 5:
+        buckets += f", and {len(moved) - 5} more"
+    return f"{gpus}" + (f" ({buckets})" if buckets else "")
+
+
+def node_operator_state(*, node: Node) -> tuple[Any, ...]:
+    """What the operator actions write, to tell a real change from a repeat (the services no-op those)."""
+    taints = tuple(node.taints.order_by("key").values_list("key", "value", "effect"))
+    return (
+        node.cordoned,
+        node.cordon_reason,
+        node.maintenance,
+        node.maintenance_reason,
+        node.noschedule_taints,
+        taints,
+    )
+
+
+@dataclass(frozen=True)
+class BookingRef:
+    """A booking as the node page shows it."""
+
+    start: datetime
+    end: datetime | None
+    reservation_id: str | None
+    tenant_id: str | None
+    purpose: str
+
+
+@dataclass
+class AtomRow:
+    """A device on the node page, with its current and next booking."""
+
+    device: Device
+    current: BookingRef | None
+    next: BookingRef | None
+    children: list[AtomRow] = field(default_factory=list)
+
+
+# One query for every device of a node with its current and next booking: two
+# LATERAL lookups served by the exclusion constraint's gist index on
+# (device_id, during), instead of a query per atom.
+_ATOMS_SQL = """
+SELECT d.id,
+       cur.lo AS cur_start, cur.hi AS cur_end, cur.rsv AS cur_rsv, cur.tenant AS cur_tenant,
+       cur.purpose AS cur_purpose,
+       nxt.lo AS next_start, nxt.hi AS next_end, nxt.rsv AS next_rsv, nxt.tenant AS next_tenant,
+       nxt.purpose AS next_purpose
+  FROM inventory_device d
+  LEFT JOIN LATERAL (
+        SELECT lower(b.during) AS lo, upper(b.during) AS hi, a.reservation_id AS rsv,
+               r.tenant_id AS tenant, b.purpose
+          FROM device_bookings b
+          LEFT JOIN reservations_allocation a ON a.id = b.allocation_id
+          LEFT JOIN reservations_reservation r ON r.id = a.reservation_id
+         WHERE b.device_id = d.id AND b.during @> compute_now()
+         LIMIT 1) cur ON TRUE
+  LEFT JOIN LATERAL (
+        SELECT lower(b.during) AS lo, upper(b.during) AS hi, a.reservation_id AS rsv,
+               r.tenant_id AS tenant, b.purpose
+          FROM device_bookings b
+          LEFT JOIN reservations_allocation a ON a.id = b.allocation_id
+          LEFT JOIN reservations_reservation r ON r.id = a.reservation_id
+         WHERE b.device_id = d.id AND lower(b.during) > compute_now()
+         ORDER BY lower(b.during)
+         LIMIT 1) nxt ON TRUE
+ WHERE d.node_id = %s
+ ORDER BY d.device_class, d.uid
+"""
+
+
+def node_atoms(*, node: Node) -> tuple[list[AtomRow], list[AtomRow]]:
+    """The node's devices grouped for display: (GPUs with their MIG/slot atoms, other devices).
+
+    Two queries in all, whatever the number of atoms: the devices, and their bookings.
+    """
+    devices = {d.id: d for d in Device.objects.filter(node=node)}
+    bookings: dict[int, dict[str, Any]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_ATOMS_SQL, [node.pk])
+        cols = [c.name for c in cursor.description or []]
+        for values in cursor.fetchall():
+            rec = dict(zip(cols, values, strict=True))
+            bookings[rec["id"]] = rec
+
+    def ref(rec: dict[str, Any] | None, which: str) -> BookingRef | None:
+        if rec is None or rec[f"{which}_start"] is None:
+            return None
+        return BookingRef(
+            start=rec[f"{which}_start"],
+            end=rec[f"{which}_end"],
+            reservation_id=rec[f"{which}_rsv"],
+            tenant_id=rec[f"{which}_tenant"],
+            purpose=rec[f"{which}_purpose"],
+        )
+
+    rows: dict[int, AtomRow] = {}
+    ordered = sorted(devices.values(), key=lambda d: (d.device_class, d.uid))
+    for d in ordered:
+        rec = bookings.get(d.id)
+        rows[d.id] = AtomRow(device=d, current=ref(rec, "cur"), next=ref(rec, "next"))
+    gpus: list[AtomRow] = []
+    others: list[AtomRow] = []
+    for d in ordered:
+        row = rows[d.id]
+        if d.parent_id is not None and d.parent_id in rows:
+            rows[d.parent_id].children.append(row)
+        elif d.device_class in GPU_ATOM_CLASSES:
+            gpus.append(row)
+        else:
+            others.append(row)
+    return gpus, others
+
+
+@dataclass(frozen=True)
+class ScalarRow:
+    resource: str
+    allocated: int
+    allocatable: int
+    ratio: float
+    capacity: int
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.allocated / self.capacity) if self.capacity else 0
+
+
+def node_scalars(*, node: Node) -> list[ScalarRow]:
+    """Scalar resources with allocated against floor(allocatable * ratio), the guard-3 ceiling."""
+    rows = []
+    for r in node.resources.order_by("resource"):
+        capacity = int(r.allocatable * r.ratio)  # floor for non-negative values
+        rows.append(ScalarRow(r.resource, r.allocated, r.allocatable, float(r.ratio), capacity))
+    return rows
+
+
+def node_audit_trail(*, node: Node, limit: int = 50) -> QuerySet[AuditEvent]:
+    """The node's audit events and its devices', newest first (served by `audit_subject_at`)."""
+    device_keys = [str(pk) for pk in node.devices.values_list("id", flat=True)]
+    device_keys += list(node.devices.values_list("uid", flat=True))
+    return AuditEvent.objects.filter(
+        Q(subject_type="node", subject_id=node.pk) | Q(subject_type="device", subject_id__in=device_keys)
+    ).order_by("-at", "-id")[:limit]
