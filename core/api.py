@@ -62,6 +62,9 @@ def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
         for key, value in detail.items():
             if key in ("non_field_errors", "__all__"):
                 name = prefix
+            elif isinstance(key, int):
+                # DRF 3.18 reports a list's item errors as {index: detail}.
+                name = f"{prefix}[{key}]"
             elif prefix:
                 name = f"{prefix}.{key}"
             else:
