@@ -95,12 +95,12 @@ def test_scalars_count_the_floor_of_allocatable_times_ratio() -> None:
     rollup_rebuild(pool_id=pool.id)
 
     vcpu = row(pool, "vcpu")
-    # floor(7 × 1.5) + floor(5 × 2.3) = 10 + 11; not floor(10.5 + 11.5) = 22.
+    # floor(7 * 1.5) + floor(5 * 2.3) = 10 + 11; not floor(10.5 + 11.5) = 22.
     assert vcpu.allocatable == 21
     assert vcpu.allocated == 5
     assert vcpu.reserved == 0
     assert vcpu.available == 16
-    # The cordoned node's floor(3 × 1.5) sits in its bucket, its claim outside the row.
+    # The cordoned node's floor(3 * 1.5) sits in its bucket, its claim outside the row.
     assert vcpu.maintenance == 4
     assert vcpu.total == 25
     assert row(pool, "memoryGiB").allocatable == 10
@@ -146,7 +146,13 @@ def test_total_is_allocatable_plus_the_four_buckets_in_every_row() -> None:
     for r in rows:
         assert r.total == r.allocatable + r.provisioning + r.unhealthy + r.maintenance + r.unreachable
     gpu = row(pool)
-    assert (gpu.allocatable, gpu.maintenance, gpu.unreachable, gpu.provisioning, gpu.unhealthy) == (3, 2, 2, 2, 3)
+    assert (gpu.allocatable, gpu.maintenance, gpu.unreachable, gpu.provisioning, gpu.unhealthy) == (
+        3,
+        2,
+        2,
+        2,
+        3,
+    )
     assert gpu.total == 12  # the controller's two GPUs are excluded
 
 
@@ -275,8 +281,20 @@ def test_by_gpu_model_sums_only_gpu_rows_and_puts_pools_without_a_model_under_ot
     assert [p["name"] for p in summary["pools"]] == ["h100-a", "h100-b", "plain"]
     offered = {p["name"]: p["offered"] for p in summary["pools"]}
     assert offered == {"h100-a": False, "h100-b": True, "plain": False}
-    assert summary["byGpuModel"]["H100"] == {"total": 5, "allocatable": 5, "allocated": 1, "reserved": 0, "available": 4}
-    assert summary["byGpuModel"]["other"] == {"total": 1, "allocatable": 1, "allocated": 0, "reserved": 0, "available": 1}
+    assert summary["byGpuModel"]["H100"] == {
+        "total": 5,
+        "allocatable": 5,
+        "allocated": 1,
+        "reserved": 0,
+        "available": 4,
+    }
+    assert summary["byGpuModel"]["other"] == {
+        "total": 1,
+        "allocatable": 1,
+        "allocated": 0,
+        "reserved": 0,
+        "available": 1,
+    }
     plain_rows = next(p for p in summary["pools"] if p["name"] == "plain")["capacity"]
     assert [r["resource"] for r in plain_rows] == ["gpu", "gpu.mig", "vcpu"]
     first = plain_rows[0]
@@ -357,7 +375,8 @@ def placement(device: Device, booked: threading.Event, commit: threading.Event) 
             with connection.cursor() as cursor:
                 cursor.execute(
                     "INSERT INTO device_bookings (device_id, allocation_id, purpose, during)"
-                    " VALUES (%s, %s, 'allocation', tstzrange(compute_now(), compute_now() + interval '1 hour'))",
+                    " VALUES (%s, %s, 'allocation',"
+                    " tstzrange(compute_now(), compute_now() + interval '1 hour'))",
                     [device.id, allocation.id],
                 )
             rollup_apply_delta(pool_id=device.node.pool_id, resource="gpu", allocated=1)
@@ -368,7 +387,9 @@ def placement(device: Device, booked: threading.Event, commit: threading.Event) 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_booking_that_locks_first_is_counted_once_by_a_racing_rebuild(race_pool: tuple[Pool, Device]) -> None:
+def test_a_booking_that_locks_first_is_counted_once_by_a_racing_rebuild(
+    race_pool: tuple[Pool, Device],
+) -> None:
     pool, device = race_pool
     booked, commit = threading.Event(), threading.Event()
     booking = Worker(placement(device, booked, commit))
