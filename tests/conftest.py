@@ -1,0 +1,113 @@
+"""Shared personas: a tenant that owns a pool, one it is offered to, an outsider, an operator, a node agent.
+
+Tokens are issued through `core.services.token_issue`, so every API test goes
+through the real bearer authentication and the real decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from core.services import token_issue
+from inventory.models import Node, Pool, Tenant
+from tests.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
+
+ClientFor = Callable[[str | None, str], APIClient]
+
+
+def bearer_client(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+@pytest.fixture
+def owner_tenant(db: Any) -> Tenant:
+    """Owns `owned_pool` and `archived_pool`."""
+    return TenantFactory(id="acme", name="Acme Corp")
+
+
+@pytest.fixture
+def offered_tenant(db: Any) -> Tenant:
+    """Is offered `owned_pool` (and `archived_pool`, which it must not see)."""
+    return TenantFactory(id="beta", name="Beta Labs")
+
+
+@pytest.fixture
+def outsider_tenant(db: Any) -> Tenant:
+    """Neither owns nor is offered anything."""
+    return TenantFactory(id="gamma", name="Gamma Inc")
+
+
+@pytest.fixture
+def owned_pool(owner_tenant: Tenant, offered_tenant: Tenant) -> Pool:
+    pool = PoolFactory(owner=owner_tenant, name="h100-east", gpu_model="H100")
+    OfferingFactory(pool=pool, tenant=offered_tenant)
+    return pool
+
+
+@pytest.fixture
+def archived_pool(owner_tenant: Tenant, offered_tenant: Tenant) -> Pool:
+    pool = PoolFactory(owner=owner_tenant, name="h100-old", gpu_model="H100", archived_at=timezone.now())
+    OfferingFactory(pool=pool, tenant=offered_tenant)
+    return pool
+
+
+@pytest.fixture
+def gpu_node(owned_pool: Pool) -> Node:
+    """A schedulable host in `owned_pool` with eight whole H100s."""
+    node = NodeFactory(pool=owned_pool, hostname="gpu-a-001")
+    for index in range(8):
+        DeviceFactory(node=node, attributes={"gpuModel": "H100", "vramGiB": 80, "numaNode": index // 4})
+    return node
+
+
+@pytest.fixture
+def api_client_for(db: Any) -> ClientFor:
+    """`api_client_for("acme", "viewer")`, or `api_client_for(None, "operator")` for the platform."""
+
+    def make(tenant_id: str | None, role: str) -> APIClient:
+        _, secret = token_issue(tenant_id=tenant_id, role=role, name=f"test {role}@{tenant_id or 'platform'}")
+        return bearer_client(secret)
+
+    return make
+
+
+@pytest.fixture
+def anonymous_client() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def owner_client(api_client_for: ClientFor, owner_tenant: Tenant) -> APIClient:
+    """A member of the owning tenant."""
+    return api_client_for(owner_tenant.id, "member")
+
+
+@pytest.fixture
+def offered_client(api_client_for: ClientFor, offered_tenant: Tenant) -> APIClient:
+    """A member of the tenant the pool is offered to."""
+    return api_client_for(offered_tenant.id, "member")
+
+
+@pytest.fixture
+def outsider_client(api_client_for: ClientFor, outsider_tenant: Tenant) -> APIClient:
+    """A member of a tenant that sees no pool."""
+    return api_client_for(outsider_tenant.id, "member")
+
+
+@pytest.fixture
+def operator_client(api_client_for: ClientFor) -> APIClient:
+    """A platform operator: every tenant, and the node operations."""
+    return api_client_for(None, "operator")
+
+
+@pytest.fixture
+def node_agent_client(api_client_for: ClientFor) -> APIClient:
+    """A platform node agent: may report inventory, nothing else."""
+    return api_client_for(None, "node-agent")
