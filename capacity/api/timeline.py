@@ -1,5 +1,106 @@
+"""`capacity/timeline`: whole GPUs booked per time bucket of one pool (capacity read, on the pool)."""
+
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from capacity.timeline import MAX_STEP_MINUTES, MIN_STEP_MINUTES, timeline_compute
+from core.api import (
+    RpcViewSet,
+    StrictIntegerField,
+    StrictSerializer,
+    pool_id_field,
+    rpc_action,
+    rpc_input,
+    rpc_output,
+    tenant_id_field,
+    time_ms_field,
+)
+from core.authentication import principal_of
+from core.decisions import CAPACITY_READ, decide_pool
+
+
+class TimelineInput(StrictSerializer):
+    tenantId = tenant_id_field()
+    poolId = pool_id_field()
+    # `from` is a Python keyword: declared under its JSON name in get_fields.
+    to = time_ms_field(required=False, allow_null=True, help_text="milliseconds since the epoch; from + 24 h")
+    stepMinutes = StrictIntegerField(
+        min_value=MIN_STEP_MINUTES,
+        max_value=MAX_STEP_MINUTES,
+        required=False,
+        allow_null=True,
+        help_text="bucket length; default 60",
+        error_messages={
+            "min_value": f"must be between {MIN_STEP_MINUTES} and {MAX_STEP_MINUTES}",
+            "max_value": f"must be between {MIN_STEP_MINUTES} and {MAX_STEP_MINUTES}",
+        },
+    )
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["from"] = time_ms_field(
+            required=False, allow_null=True, help_text="milliseconds since the epoch; the current hour"
+        )
+        return fields
+
+
+class TimelineBucketSerializer(serializers.Serializer):
+    start = serializers.IntegerField(help_text="milliseconds since the epoch, inclusive")
+    end = serializers.IntegerField(help_text="milliseconds since the epoch, exclusive")
+    booked = serializers.IntegerField(help_text="distinct whole GPUs with a booking overlapping the bucket")
+    free = serializers.IntegerField(help_text="max(0, allocatable - booked)")
+
+
+class TimelineOutput(serializers.Serializer):
+    poolId = serializers.CharField()
+    to = serializers.IntegerField()
+    stepMinutes = serializers.IntegerField()
+    allocatable = serializers.IntegerField(help_text="from the pool's current gpu rollup row")
+    buckets = TimelineBucketSerializer(many=True)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        return {"poolId": fields.pop("poolId"), "from": serializers.IntegerField(), **fields}
+
+
+class TimelineViewSet(RpcViewSet):
+    """The capacity group's timeline method (the other capacity reads are in `capacity.api.views`)."""
+
+    @rpc_action(
+        "timeline",
+        request=TimelineInput,
+        response=TimelineOutput,
+        summary="Whole GPUs booked per time bucket of one pool, and how many stay free",
+        description=(
+            "`from` defaults to the start of the current hour, `to` to 24 hours after `from`, "
+            "`stepMinutes` to 60 (5-1440). A timeline spans at most 7 days and 336 buckets, and `to` "
+            "must be after `from`; otherwise INVALID_INPUT. `allocatable` comes from the pool's current "
+            "`gpu` rollup row; each bucket's `free` is `allocatable - booked`, never below 0. MIG and "
+            "slot atoms are not counted. NOT_FOUND when the pool is not visible to the tenant."
+        ),
+    )
+    def timeline(self, request: Request) -> Response:
+        data = rpc_input(request, TimelineInput)
+        pool = decide_pool(
+            principal=principal_of(request),
+            tenant_id=data["tenant_id"],
+            pool_id=data["pool_id"],
+            permission=CAPACITY_READ,
+        )
+        answer = timeline_compute(
+            pool=pool,
+            from_ms=data.get("from"),
+            to_ms=data.get("to"),
+            step_minutes=data.get("stepMinutes"),
+        )
+        return rpc_output(TimelineOutput, answer)
+
+
+router = SimpleRouter(trailing_slash=False)
+router.register("capacity", TimelineViewSet, basename="capacity-timeline")
+
+urlpatterns = router.urls
