@@ -1,0 +1,125 @@
+"""A fake node daemon: guard 6, defence in depth on the node side.
+
+The real daemon keeps its own record of what it was told to run and refuses
+an assignment that overlaps one it already holds, whatever the control plane
+believes. This stand-in keeps that record in its own table,
+`fake_daemon_assignments` (device uid, reservation, `[starts_at, ends_at)`),
+and checks overlaps in Python against what it holds, never trusting the
+control plane's constraint. A refused assignment answers `AllocationFailed`,
+and the control plane releases the reservation.
+
+Assignments are delivered after the booking transaction commits
+(`transaction.on_commit`), never while the placer's locks are held.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import connection, transaction
+
+logger = logging.getLogger(__name__)
+
+
+class AllocationFailed(Exception):
+    """The node refused an assignment that overlaps one it already holds."""
+
+    def __init__(self, device_uid: str, holder: str) -> None:
+        super().__init__(f"{device_uid} is already assigned to {holder}")
+        self.device_uid = device_uid
+        self.holder = holder
+
+
+Assignment = tuple[str, datetime, datetime]  # (device uid, start, end)
+
+
+def daemon_assign(
+    *, node_id: str, reservation_id: str, allocation_id: str, assignments: list[Assignment]
+) -> None:
+    """Accept the assignments on this node, or refuse them all with AllocationFailed."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        # One node's daemon handles one assignment at a time, as a real agent would.
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('fake-daemon:' || %s))", [node_id])
+        cursor.execute(
+            "SELECT device_uid, reservation_id, starts_at, ends_at FROM fake_daemon_assignments"
+            " WHERE device_uid = ANY(%s)",
+            [[uid for uid, _, _ in assignments]],
+        )
+        held: dict[str, list[tuple[str, datetime, datetime]]] = {}
+        for uid, holder, start, end in cursor.fetchall():
+            held.setdefault(uid, []).append((holder, start, end))
+        for uid, start, end in assignments:
+            for holder, held_start, held_end in held.get(uid, []):
+                if holder != reservation_id and start < held_end and held_start < end:
+                    raise AllocationFailed(uid, holder)
+        for uid, start, end in assignments:
+            cursor.execute(
+                "INSERT INTO fake_daemon_assignments"
+                " (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                [node_id, uid, reservation_id, allocation_id, start, end],
+            )
+
+
+def _bookings_of(reservation_id: str) -> dict[tuple[str, str], list[Assignment]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.node_id, a.id, d.uid, lower(b.during), upper(b.during)"
+            " FROM reservations_allocation a JOIN device_bookings b ON b.allocation_id = a.id"
+            " JOIN inventory_device d ON d.id = b.device_id WHERE a.reservation_id = %s ORDER BY d.uid",
+            [reservation_id],
+        )
+        out: dict[tuple[str, str], list[Assignment]] = {}
+        for node_id, allocation_id, uid, start, end in cursor.fetchall():
+            out.setdefault((node_id, allocation_id), []).append((uid, start, end))
+    return out
+
+
+def daemon_deliver(*, reservation_id: str) -> bool:
+    """Send a committed reservation's bookings to its nodes; on a refusal, release it. True if accepted."""
+    try:
+        for (node_id, allocation_id), assignments in sorted(_bookings_of(reservation_id).items()):
+            daemon_assign(
+                node_id=node_id,
+                reservation_id=reservation_id,
+                allocation_id=allocation_id,
+                assignments=assignments,
+            )
+    except AllocationFailed as exc:
+        logger.warning("node refused reservation %s: %s", reservation_id, exc)
+        from reservations.models import Reservation
+        from reservations.services import reservation_release
+
+        reservation = Reservation.objects.get(pk=reservation_id)
+        reservation_release(reservation=reservation, actor="node", reason=f"AllocationFailed: {exc}")
+        daemon_shorten(reservation_id=reservation_id)
+        return False
+    return True
+
+
+def daemon_shorten(*, reservation_id: str) -> None:
+    """Bring the node's record of a reservation in line with its bookings after a release or a notice."""
+    current = _bookings_of(reservation_id)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM fake_daemon_assignments WHERE reservation_id = %s", [reservation_id])
+        for (node_id, allocation_id), assignments in sorted(current.items()):
+            for uid, start, end in assignments:
+                if end > start:
+                    cursor.execute(
+                        "INSERT INTO fake_daemon_assignments"
+                        " (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)"
+                        " VALUES (%s, %s, %s, %s, %s, %s)",
+                        [node_id, uid, reservation_id, allocation_id, start, end],
+                    )
+
+
+def daemon_holdings(*, device_uid: str) -> list[tuple[str, datetime, datetime]]:
+    """What the node believes it holds for one device: (reservation id, start, end)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reservation_id, starts_at, ends_at FROM fake_daemon_assignments WHERE device_uid = %s"
+            " ORDER BY starts_at",
+            [device_uid],
+        )
+        return [(row[0], row[1], row[2]) for row in cursor.fetchall()]

@@ -1,0 +1,397 @@
+"""The commit: turn a plan into allocations and bookings, inside the request's transaction.
+
+Per option of the shortlist, inside a savepoint (a nested `atomic()`):
+
+1. lock the node `FOR SHARE OF n` under the schedulability predicate (guard 4);
+2. lock the chosen atoms `FOR SHARE` where healthy and bookable (guard 4);
+3. insert the allocation, then every booking in ONE `INSERT ... SELECT ...
+   ON CONFLICT DO NOTHING` (guard 1: the exclusion constraint decides);
+4. claim the scalars with the guarded `UPDATE` (guard 3).
+
+Any short row count means a concurrent transaction got there first: the
+savepoint rolls back and the next option is tried; when the shortlist is
+spent the placer replans a bounded number of times, then answers `NoCapacity`.
+Nothing here raises on a lost race, so the request's transaction survives it.
+
+The quota charge (guard 5) and the rollup deltas run in the same transaction
+(`placement_charge`), and `reservation_cut` is the one way bookings are ended
+(release, lease expiry, spot notices), giving back scalars, quota and rollups.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import OperationalError, connection, transaction
+
+from capacity.rollups import SCALAR_RESOURCES, rollup_apply_delta
+from capacity.schedulability import schedulable_sql
+from core.errors import NoCapacity, QuotaExceeded
+from inventory.models import Pool
+from reservations.models import Allocation, Reservation
+from reservations.placer.filters import Window
+from reservations.placer.plan import Member, Option, Plan, placement_plan
+from reservations.request_types import ReservationRequest
+
+# How many times a spent shortlist is replanned before NoCapacity.
+MAX_REPLANS = 3
+
+# Test seams: called with (point, node_id) at known points of a member's
+# commit, so tests can hold a placement open while another transaction acts.
+# Points: "before_node_lock", "after_locks".
+HOOKS: list[Callable[[str, str], None]] = []
+
+_DEADLOCK = "40P01"
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+class _LostRace(Exception):
+    """A guarded statement returned fewer rows: roll back the savepoint and move on."""
+
+
+@dataclass
+class Placement:
+    """What a commit took: the (possibly displaced) window and one allocation per member."""
+
+    window: Window
+    allocations: list[tuple[Allocation, Member]]
+    displaced_reservations: list[str]
+
+
+def _hook(point: str, node_id: str) -> None:
+    for hook in list(HOOKS):
+        hook(point, node_id)
+
+
+def _lock_node(*, node_id: str, pool_id: str) -> bool:
+    # Guard 4. A cordon, taint, maintenance, liveness or trust write UPDATEs this
+    # row. If it committed first, this statement waits for it and re-checks the
+    # predicate on the new row version (0 rows); if this lock is taken first,
+    # the writer waits until the placement commits. Either way the second sees
+    # the first, so no booking is made on a node that was just made unschedulable.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n.id FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id"
+            " WHERE n.id = %s AND n.pool_id = %s AND p.archived_at IS NULL"
+            f" AND {schedulable_sql('n', 'p.owner_id')} FOR SHARE OF n",
+            [node_id, pool_id],
+        )
+        return cursor.fetchone() is not None
+
+
+def _lock_atoms(*, node_id: str, device_ids: list[int]) -> bool:
+    # Guard 4 for devices: a health flip, a quarantine or a report that makes a
+    # device unbookable UPDATEs the device row, so it serializes with this lock
+    # exactly as the node's does. Ordered by id so concurrent lockers agree.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM inventory_device WHERE id = ANY(%s) AND node_id = %s AND healthy AND bookable"
+            " ORDER BY id FOR SHARE",
+            [device_ids, node_id],
+        )
+        return len(cursor.fetchall()) == len(device_ids)
+
+
+def _insert_bookings(*, allocation_id: str, device_ids: list[int], window: Window) -> bool:
+    # Guard 1. No conflict target: DO NOTHING then honours the exclusion
+    # constraint, so an atom booked by a concurrent commit yields a short count
+    # instead of an error that would abort the request's transaction.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO device_bookings (device_id, allocation_id, purpose, during)"
+            " SELECT d.id, %s, 'allocation', tstzrange(%s, %s, '[)')"
+            " FROM unnest(%s::bigint[]) AS d(id) ORDER BY d.id"
+            " ON CONFLICT DO NOTHING",
+            [allocation_id, window.start, window.end, device_ids],
+        )
+        return cursor.rowcount == len(device_ids)
+
+
+def _claim_scalars(*, node_id: str, resources: dict[str, int]) -> bool:
+    # Guard 3: the WHERE clause is the capacity check, evaluated on the latest
+    # row version under the row lock, so two claims can never both fit the last units.
+    with connection.cursor() as cursor:
+        for resource, amount in sorted(resources.items()):
+            if amount <= 0:
+                continue
+            cursor.execute(
+                "UPDATE inventory_noderesource SET allocated = allocated + %s"
+                " WHERE node_id = %s AND resource = %s AND allocated + %s <= floor(allocatable * ratio)",
+                [amount, node_id, resource, amount],
+            )
+            if cursor.rowcount != 1:
+                return False
+    return True
+
+
+def _displace_spot(*, device_ids: list[int], window: Window) -> list[str]:
+    """Give notice to the spot reservations booked on these atoms in the window; return their ids."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT r.id FROM device_bookings b"
+            " JOIN reservations_allocation a ON a.id = b.allocation_id"
+            " JOIN reservations_reservation r ON r.id = a.reservation_id"
+            " WHERE b.device_id = ANY(%s) AND b.during && tstzrange(%s, %s, '[)') AND r.spot"
+            " ORDER BY r.id",
+            [device_ids, window.start, window.end],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    for reservation_id in ids:
+        spot_notice(reservation_id=reservation_id, ends_at=window.start, now=window.now)
+    return ids
+
+
+def _commit_member(
+    *, reservation: Reservation, request: ReservationRequest, member: Member, window: Window, displace: bool
+) -> tuple[Allocation, list[str]]:
+    _hook("before_node_lock", member.node_id)
+    if not _lock_node(node_id=member.node_id, pool_id=request.pool_id):
+        raise _LostRace("node no longer schedulable")
+    device_ids = sorted(member.device_ids)
+    if not _lock_atoms(node_id=member.node_id, device_ids=device_ids):
+        raise _LostRace("atoms no longer healthy and bookable")
+    _hook("after_locks", member.node_id)
+    displaced: list[str] = []
+    if displace and member.displaced:
+        displaced = _displace_spot(device_ids=device_ids, window=window)
+    claims = {name: amount for name, amount in sorted(request.resources.items()) if amount > 0}
+    allocation = Allocation.objects.create(reservation=reservation, node_id=member.node_id, resources=claims)
+    if not _insert_bookings(allocation_id=allocation.id, device_ids=device_ids, window=window):
+        raise _LostRace("atoms booked concurrently")
+    if not _claim_scalars(node_id=member.node_id, resources=claims):
+        raise _LostRace("scalars claimed concurrently")
+    return allocation, displaced
+
+
+def _try_option(
+    *, reservation: Reservation, request: ReservationRequest, option: Option, window: Window, displace: bool
+) -> tuple[list[tuple[Allocation, Member]], list[str]] | None:
+    """All members or none: one savepoint around the whole option (a gang rolls back whole)."""
+    try:
+        with transaction.atomic():
+            taken: list[tuple[Allocation, Member]] = []
+            displaced: list[str] = []
+            for member in option.members:
+                allocation, cut = _commit_member(
+                    reservation=reservation, request=request, member=member, window=window, displace=displace
+                )
+                taken.append((allocation, member))
+                displaced.extend(cut)
+            return taken, displaced
+    except _LostRace:
+        return None
+    except OperationalError as exc:
+        # Two placements locking or booking the same atoms in opposite orders:
+        # PostgreSQL breaks the cycle by failing one statement; the savepoint
+        # absorbs it and this placement moves on like any other lost race.
+        if getattr(exc.__cause__, "sqlstate", None) in (_DEADLOCK, _LOCK_NOT_AVAILABLE):
+            return None
+        raise
+
+
+def placement_commit(
+    *, reservation: Reservation, request: ReservationRequest, pool: Pool, window: Window
+) -> Placement:
+    """Book the best option that still holds, replanning when a shortlist is spent; else NoCapacity.
+
+    A regular request that fits nowhere is planned once more in displace mode:
+    it then starts when the spot notice ends and the spot reservations it takes
+    atoms from are cut to end then.
+    """
+    modes = (False,) if request.spot else (False, True)
+    reason = None
+    for displace in modes:
+        for _attempt in range(MAX_REPLANS + 1):
+            plan = placement_plan(request=request, pool=pool, window=window, displace=displace)
+            if not plan.fits:
+                reason = plan.reason
+                break
+            for option in plan.options:
+                taken = _try_option(
+                    reservation=reservation,
+                    request=request,
+                    option=option,
+                    window=plan.window,
+                    displace=displace,
+                )
+                if taken is not None:
+                    allocations, displaced = taken
+                    return Placement(
+                        window=plan.window, allocations=allocations, displaced_reservations=displaced
+                    )
+            reason = plan.reason
+    details: list[dict[str, Any]] = []
+    message = "the request does not fit"
+    if reason is not None:
+        details = [{"field": "placement", "code": reason.code, "message": reason.message}]
+        message = reason.message
+    raise NoCapacity(message, details)
+
+
+def placement_charges(placement: Placement) -> dict[str, int]:
+    """What the placement takes from the tenant's quota: atoms per class, scalars per node."""
+    charges: Counter[str] = Counter()
+    for allocation, member in placement.allocations:
+        charges.update(member.classes)
+        for resource, amount in allocation.resources.items():
+            charges[resource] += int(amount)
+    return dict(charges)
+
+
+def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int]) -> None:
+    """Guard 5: charge each resource with a guarded UPDATE; a missing row means unlimited."""
+    with connection.cursor() as cursor:
+        for resource, amount in sorted(charges.items()):
+            if amount <= 0:
+                continue
+            # The WHERE clause is the limit check, re-evaluated under the row
+            # lock, so two concurrent creates cannot both take the last units.
+            cursor.execute(
+                "UPDATE quota_usage SET used = used + %s"
+                " WHERE pool_id = %s AND tenant_id = %s AND resource = %s AND used + %s <= max",
+                [amount, pool_id, tenant_id, resource, amount],
+            )
+            if cursor.rowcount == 1:
+                continue
+            cursor.execute(
+                "SELECT used, max FROM quota_usage WHERE pool_id = %s AND tenant_id = %s AND resource = %s",
+                [pool_id, tenant_id, resource],
+            )
+            row = cursor.fetchone()
+            if row is not None:
+                raise QuotaExceeded(
+                    f"quota for {resource} in this pool would be exceeded ({row[0]} used of {row[1]},"
+                    f" {amount} asked)",
+                    [
+                        {
+                            "field": "quota",
+                            "resource": resource,
+                            "used": row[0],
+                            "max": row[1],
+                            "asked": amount,
+                        }
+                    ],
+                )
+
+
+def placement_charge(*, placement: Placement, request: ReservationRequest) -> None:
+    """Quota and rollup deltas for a committed placement, in the same transaction."""
+    charges = placement_charges(placement)
+    quota_charge(pool_id=request.pool_id, tenant_id=request.tenant_id, charges=charges)
+    started = placement.window.start <= placement.window.now
+    for resource, amount in sorted(charges.items()):
+        if resource in SCALAR_RESOURCES:
+            # Scalars are claimed from node_resources at once, whatever the start.
+            rollup_apply_delta(pool_id=request.pool_id, resource=resource, allocated=amount)
+        elif started:
+            rollup_apply_delta(pool_id=request.pool_id, resource=resource, allocated=amount)
+        else:
+            rollup_apply_delta(pool_id=request.pool_id, resource=resource, reserved=amount)
+
+
+def reservation_cut(*, reservation_id: str, at: datetime, now: datetime) -> bool:
+    """End a reservation's bookings at `at`: later ones are deleted, running ones shortened.
+
+    Gives back its scalars, quota and rollup counts once (the allocations'
+    `released` flag is flipped with a guarded UPDATE, so a second cut gives
+    nothing back twice). Returns whether anything was given back.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE reservations_allocation SET released = true WHERE reservation_id = %s AND NOT released"
+            " RETURNING id, node_id, resources",
+            [reservation_id],
+        )
+        allocations = cursor.fetchall()
+        if not allocations:
+            return False
+        allocation_ids = [row[0] for row in allocations]
+        cursor.execute(
+            "SELECT d.device_class, lower(b.during) <= %s AS started, lower(b.during) >= %s AS removed,"
+            " upper(b.during) > %s AS running, count(*)"
+            " FROM device_bookings b JOIN inventory_device d ON d.id = b.device_id"
+            " WHERE b.allocation_id = ANY(%s) GROUP BY 1, 2, 3, 4",
+            [now, at, at, allocation_ids],
+        )
+        counts = cursor.fetchall()
+        # Bookings are history: the ones that started keep their past and end at
+        # `at`; only the ones that would start at or after `at` are removed.
+        cursor.execute(
+            "DELETE FROM device_bookings WHERE allocation_id = ANY(%s) AND lower(during) >= %s",
+            [allocation_ids, at],
+        )
+        cursor.execute(
+            "UPDATE device_bookings SET during = tstzrange(lower(during), %s, '[)')"
+            " WHERE allocation_id = ANY(%s) AND upper(during) > %s",
+            [at, allocation_ids, at],
+        )
+        cursor.execute(
+            "SELECT pool_id, tenant_id FROM reservations_reservation WHERE id = %s", [reservation_id]
+        )
+        pool_id, tenant_id = cursor.fetchone()  # type: ignore[misc]
+
+        quota: Counter[str] = Counter()
+        allocated: Counter[str] = Counter()
+        reserved: Counter[str] = Counter()
+        for device_class, started, removed, running, count in counts:
+            quota[device_class] += count
+            if removed and not started:
+                reserved[device_class] += count
+            elif started and running and at <= now:
+                allocated[device_class] += count
+        for _id, node_id, resources in allocations:
+            if isinstance(resources, str):  # Django leaves raw jsonb as text
+                resources = json.loads(resources)
+            for resource, amount in sorted((resources or {}).items()):
+                amount = int(amount)
+                if amount <= 0:
+                    continue
+                cursor.execute(
+                    "UPDATE inventory_noderesource SET allocated = GREATEST(0, allocated - %s)"
+                    " WHERE node_id = %s AND resource = %s",
+                    [amount, node_id, resource],
+                )
+                quota[resource] += amount
+                allocated[resource] += amount
+        for resource, amount in sorted(quota.items()):
+            cursor.execute(
+                "UPDATE quota_usage SET used = GREATEST(0, used - %s)"
+                " WHERE pool_id = %s AND tenant_id = %s AND resource = %s",
+                [amount, pool_id, tenant_id, resource],
+            )
+    for resource in sorted(set(allocated) | set(reserved)):
+        rollup_apply_delta(
+            pool_id=pool_id, resource=resource, allocated=-allocated[resource], reserved=-reserved[resource]
+        )
+    return True
+
+
+def spot_notice(*, reservation_id: str, ends_at: datetime, now: datetime) -> None:
+    """Cut a spot reservation to end at `ends_at` and record the notice on it."""
+    # Locks the spot reservation so a concurrent release or a second notice waits for this one.
+    reservation = Reservation.objects.select_for_update().get(pk=reservation_id)
+    if reservation.state in ("released", "preempted") or reservation.ends_at <= ends_at:
+        return
+    reservation_cut(reservation_id=reservation_id, at=ends_at, now=now)
+    updates: dict[str, Any] = {"notice_at": now, "notice_ends_at": ends_at}
+    if ends_at > reservation.starts_at:
+        updates["ends_at"] = ends_at
+    else:
+        # It had not started yet: nothing of it is left.
+        updates.update(
+            state="preempted", released_at=now, release_reason="displaced by a regular reservation"
+        )
+    Reservation.objects.filter(pk=reservation_id).update(**updates)
+
+
+def plan_for_preview(*, request: ReservationRequest, pool: Pool, window: Window) -> tuple[Plan, Plan | None]:
+    """The plan `capacity.preview` shows, and (regular requests that do not fit) the displacing one."""
+    plan = placement_plan(request=request, pool=pool, window=window)
+    if plan.fits or request.spot:
+        return plan, None
+    return plan, placement_plan(request=request, pool=pool, window=window, displace=True)

@@ -1,0 +1,307 @@
+"""The placer's filters: which nodes and atoms can take a request, as set-based SQL.
+
+Everything here builds SQL fragments over three aliases: `n` (inventory_node),
+`p` (inventory_pool) and `d` (inventory_device). Values are always bound
+parameters; only the shape of the query (which filters apply) is Python.
+
+A node passes when:
+
+* its pool is the request's pool and is not archived;
+* it is schedulable (`capacity.schedulability.schedulable_sql`, the one definition);
+* each scalar claim fits `floor(allocatable * ratio) - allocated` on it;
+* for every device item, it holds enough healthy, bookable atoms of the
+  item's class that match the item's selector and are free for the whole
+  window (no overlapping booking: the `NOT EXISTS` probe is served by the
+  exclusion constraint's GiST index on `(device_id, during)`);
+* with `nvlink-all`, that many of them share one `nvlinkDomain`;
+* with `binding: node`, every bookable atom of the node is healthy and free;
+* in a gang, it carries the gang's topology label.
+
+In "displace" mode (a regular request that only fits by taking spot
+bookings), a booking that belongs to a live spot reservation does not make an
+atom busy; such atoms are flagged `displaced` so they are chosen last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from capacity.schedulability import schedulable_sql
+from inventory.attributes import NODE_LABEL_PREFIX, attribute_type
+from reservations.placer.sql import Params
+from reservations.request_types import DeviceRequest, ReservationRequest, Selector
+
+# The sharing mode each atom class belongs to (model.md, "Placement").
+CLASS_SHARING: dict[str, tuple[str, ...]] = {
+    "gpu": ("exclusive",),
+    "gpu.mig": ("mig",),
+    "gpu.slot": ("timeslice", "mps"),
+}
+
+_COMPARE = {"eq": "=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+
+
+@dataclass(frozen=True)
+class Window:
+    """The booking window `[start, end)` and the `compute_now()` it was computed at."""
+
+    start: datetime
+    end: datetime
+    now: datetime
+
+
+def sharing_mismatch(*, request: ReservationRequest, pool_sharing: str) -> str | None:
+    """Why the request's classes or sharing modes cannot be served by this pool, or None.
+
+    `gpu.mig` atoms exist only in a `mig` pool, `gpu.slot` only in a
+    `timeslice`/`mps` pool and whole `gpu` atoms only in an `exclusive` pool;
+    an explicit `sharing` on an item must agree with both.
+    """
+    for index, item in enumerate(request.devices):
+        modes = CLASS_SHARING.get(item.device_class)
+        if modes is None:
+            if item.sharing not in (None, "exclusive"):
+                return f"devices[{index}]: {item.device_class} atoms are not shared"
+            continue
+        if item.sharing is not None and item.sharing not in modes:
+            return f"devices[{index}]: class {item.device_class} is not {item.sharing}"
+        if pool_sharing not in modes:
+            return f"devices[{index}]: class {item.device_class} needs a {'/'.join(modes)} pool, this pool is {pool_sharing}"
+    return None
+
+
+def _json_value(column: str, key: str, kind: type) -> str:
+    if kind is int:
+        # Numbers compare as numbers; a non-number under that name never matches.
+        return (
+            f"(CASE WHEN jsonb_typeof({column} -> {key}) = 'number' THEN ({column} ->> {key})::numeric END)"
+        )
+    return f"({column} ->> {key})"
+
+
+def selector_sql(selector: Selector, q: Params, *, d: str = "d", n: str = "n") -> str:
+    """The normalized selector as one SQL predicate over device `d` and node `n`.
+
+    Attributes come from `d.attributes`, typed by the registry (ints compare
+    as numbers); `node.<label>` reads `n.labels` as text. `ne` and `notIn`
+    match a device that lacks the attribute, as label selectors usually do.
+    """
+    clauses: list[str] = []
+    for name, ops in sorted(selector.items()):
+        if name.startswith(NODE_LABEL_PREFIX):
+            column, key_name, kind = f"{n}.labels", name[len(NODE_LABEL_PREFIX) :], str
+        else:
+            column, key_name, kind = f"{d}.attributes", name, attribute_type(name) or str
+        key = q.p(key_name)
+        value_expr = _json_value(column, key, kind)
+        cast = "numeric" if kind is int else "text"
+        for op, value in sorted(ops.items()):
+            if op == "exists":
+                clause = f"({column} ? {key})"
+                clauses.append(clause if value else f"NOT {clause}")
+            elif op in _COMPARE:
+                clauses.append(f"{value_expr} {_COMPARE[op]} {q.p(value, cast)}")
+            elif op == "ne":
+                clauses.append(f"{value_expr} IS DISTINCT FROM {q.p(value, cast)}")
+            elif op == "in":
+                clauses.append(f"COALESCE({value_expr} = ANY({q.p(list(value), cast + '[]')}), false)")
+            elif op == "notIn":
+                clauses.append(f"NOT COALESCE({value_expr} = ANY({q.p(list(value), cast + '[]')}), false)")
+            else:  # the request validator refuses other operators; never match on one
+                clauses.append("false")
+    return " AND ".join(clauses) if clauses else "true"
+
+
+def window_sql(window: Window, q: Params) -> str:
+    return f"tstzrange({q.p(window.start)}, {q.p(window.end)}, '[)')"
+
+
+def blocking_booking_sql(*, device: str, window_expr: str, displace: bool) -> str:
+    """EXISTS a booking of `device` that overlaps the window and cannot be displaced."""
+    if not displace:
+        return f"EXISTS (SELECT 1 FROM device_bookings b WHERE b.device_id = {device}.id AND b.during && {window_expr})"
+    # Only allocation bookings of a spot reservation may be displaced; a
+    # layout-change booking (guard 2) or a regular reservation always blocks.
+    return (
+        "EXISTS (SELECT 1 FROM device_bookings b"
+        " LEFT JOIN reservations_allocation ba ON ba.id = b.allocation_id"
+        " LEFT JOIN reservations_reservation br ON br.id = ba.reservation_id"
+        f" WHERE b.device_id = {device}.id AND b.during && {window_expr}"
+        " AND NOT COALESCE(br.spot, false))"
+    )
+
+
+def spot_booking_sql(*, device: str, window_expr: str) -> str:
+    """EXISTS a (displaceable) spot booking of `device` overlapping the window."""
+    return (
+        "EXISTS (SELECT 1 FROM device_bookings b"
+        " JOIN reservations_allocation ba ON ba.id = b.allocation_id"
+        " JOIN reservations_reservation br ON br.id = ba.reservation_id"
+        f" WHERE b.device_id = {device}.id AND b.during && {window_expr} AND br.spot)"
+    )
+
+
+def eligible_nodes_sql(
+    *,
+    request: ReservationRequest,
+    window_expr: str,
+    q: Params,
+    displace: bool,
+    exclude_node_ids: tuple[str, ...] = (),
+) -> str:
+    """SELECT of the pool's nodes that are schedulable, fit the scalars, and (whole-node) are wholly free."""
+    where = [
+        f"n.pool_id = {q.p(request.pool_id)}",
+        "p.archived_at IS NULL",
+        schedulable_sql("n", "p.owner_id"),
+    ]
+    for resource, amount in sorted(request.resources.items()):
+        if amount and amount > 0:
+            where.append(
+                "EXISTS (SELECT 1 FROM inventory_noderesource nr WHERE nr.node_id = n.id"
+                f" AND nr.resource = {q.p(resource)}"
+                f" AND floor(nr.allocatable * nr.ratio) - nr.allocated >= {q.p(amount, 'bigint')})"
+            )
+    if exclude_node_ids:
+        where.append(f"n.id <> ALL({q.p(list(exclude_node_ids), 'text[]')})")
+    if request.binding == "node":
+        where.append(
+            "NOT EXISTS (SELECT 1 FROM inventory_device wd WHERE wd.node_id = n.id AND wd.bookable"
+            f" AND (NOT wd.healthy OR {blocking_booking_sql(device='wd', window_expr=window_expr, displace=displace)}))"
+        )
+    if request.gang_size:
+        where.append(f"n.labels ? {q.p(gang_key(request))}")
+    return (
+        "SELECT n.id, n.labels FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id"
+        f" WHERE {' AND '.join(where)}"
+    )
+
+
+def gang_key(request: ReservationRequest) -> str:
+    return request.gang_topology_key or "fabric"
+
+
+def item_atoms_sql(*, item: DeviceRequest, window_expr: str, q: Params, displace: bool) -> str:
+    """SELECT of the item's free atoms on eligible nodes (CTE `eligible` aliased `n`)."""
+    return (
+        "SELECT d.node_id, d.id AS device_id, d.uid, d.device_class,"
+        " CASE WHEN jsonb_typeof(d.attributes -> 'numaNode') = 'number'"
+        " THEN (d.attributes ->> 'numaNode')::int END AS numa,"
+        " d.attributes ->> 'nvlinkDomain' AS nvl,"
+        f" {spot_booking_sql(device='d', window_expr=window_expr) if displace else 'false'} AS displaced"
+        " FROM inventory_device d JOIN eligible n ON n.id = d.node_id"
+        f" WHERE d.bookable AND d.healthy AND d.device_class = {q.p(item.device_class)}"
+        f" AND {selector_sql(item.selector, q)}"
+        f" AND NOT {blocking_booking_sql(device='d', window_expr=window_expr, displace=displace)}"
+    )
+
+
+def item_topology(request: ReservationRequest, item: DeviceRequest) -> str:
+    """An item is `nvlink-all` when it says so, or when the request does and the item is whole GPUs."""
+    if item.topology == "nvlink-all":
+        return "nvlink-all"
+    if request.topology == "nvlink-all" and item.device_class == "gpu":
+        return "nvlink-all"
+    return "any"
+
+
+def item_fit_sql(*, index: int, item: DeviceRequest, request: ReservationRequest, q: Params) -> str:
+    """Per node: free atoms of the item, displaced ones needed, and whether the count fits."""
+    count = q.p(item.count, "int")
+    if item_topology(request, item) == "nvlink-all":
+        # The largest group of free atoms sharing one NVLink domain must hold the whole count.
+        return (
+            f"SELECT node_id, sum(c) AS free, sum(nd) AS not_displaced FROM ("
+            f"SELECT node_id, nvl, count(*) AS c, count(*) FILTER (WHERE NOT displaced) AS nd"
+            f" FROM atoms_{index} WHERE nvl IS NOT NULL GROUP BY node_id, nvl) g"
+            f" GROUP BY node_id HAVING max(c) >= {count}"
+        )
+    return (
+        f"SELECT node_id, count(*) AS free, count(*) FILTER (WHERE NOT displaced) AS not_displaced"
+        f" FROM atoms_{index} GROUP BY node_id HAVING count(*) >= {count}"
+    )
+
+
+def numa_best_sql(*, index: int) -> str:
+    """Per node: the most free atoms of item `index` on one NUMA node (for the locality scorer)."""
+    return (
+        f"SELECT node_id, max(c) AS numa_best FROM (SELECT node_id, numa, count(*) AS c"
+        f" FROM atoms_{index} WHERE numa IS NOT NULL GROUP BY node_id, numa) g GROUP BY node_id"
+    )
+
+
+def with_clause(
+    *,
+    request: ReservationRequest,
+    window: Window,
+    q: Params,
+    displace: bool,
+    exclude_node_ids: tuple[str, ...] = (),
+) -> tuple[str, str]:
+    """The common table expressions of one plan, and the window expression they use."""
+    window_expr = window_sql(window, q)
+    ctes = [
+        "eligible AS ("
+        + eligible_nodes_sql(
+            request=request,
+            window_expr=window_expr,
+            q=q,
+            displace=displace,
+            exclude_node_ids=exclude_node_ids,
+        )
+        + ")"
+    ]
+    for index, item in enumerate(request.devices):
+        ctes.append(
+            f"atoms_{index} AS ({item_atoms_sql(item=item, window_expr=window_expr, q=q, displace=displace)})"
+        )
+        ctes.append(f"fit_{index} AS ({item_fit_sql(index=index, item=item, request=request, q=q)})")
+    ctes.append(f"numa AS ({numa_best_sql(index=0)})")
+    return "WITH " + ",\n".join(ctes), window_expr
+
+
+def features_sql(*, request: ReservationRequest, q: Params) -> str:
+    """Per fitting node, the numbers the scorers read: free, wanted, NUMA best, soft taints, displaced."""
+    joins = " ".join(f"JOIN fit_{i} f{i} ON f{i}.node_id = e.id" for i in range(len(request.devices)))
+    free = " + ".join(f"f{i}.free" for i in range(len(request.devices)))
+    wanted_total = sum(item.count for item in request.devices)
+    needs = " + ".join(
+        f"GREATEST(0, {q.p(item.count, 'int')} - f{i}.not_displaced)"
+        for i, item in enumerate(request.devices)
+    )
+    return (
+        "SELECT e.id AS node_id, e.labels,"
+        f" ({free}) AS free, {q.p(wanted_total, 'int')} AS wanted,"
+        f" {q.p(request.devices[0].count, 'int')} AS primary_wanted,"
+        " COALESCE(nu.numa_best, 0) AS numa_best,"
+        " (SELECT count(*) FROM inventory_taint t WHERE t.node_id = e.id AND t.effect = 'PreferNoSchedule')"
+        " AS soft_taints,"
+        f" ({needs}) AS displaced"
+        f" FROM eligible e {joins} LEFT JOIN numa nu ON nu.node_id = e.id"
+    )
+
+
+def atoms_of_nodes_sql(*, request: ReservationRequest, node_ids_expr: str) -> str:
+    """The free atoms of every item on the shortlisted nodes, for choosing atoms in Python."""
+    parts = [
+        f"SELECT {i} AS item, node_id, device_id, uid, device_class, numa, nvl, displaced"
+        f" FROM atoms_{i} WHERE node_id = ANY({node_ids_expr})"
+        for i in range(len(request.devices))
+    ]
+    return " UNION ALL ".join(parts)
+
+
+def whole_node_atoms_sql(*, node_ids_expr: str) -> str:
+    """Every bookable atom of the chosen nodes (binding `node`), already known free and healthy."""
+    return (
+        "SELECT -1 AS item, d.node_id, d.id AS device_id, d.uid, d.device_class,"
+        " NULL::int AS numa, NULL::text AS nvl, false AS displaced"
+        f" FROM inventory_device d WHERE d.node_id = ANY({node_ids_expr}) AND d.bookable"
+    )
+
+
+def row_dicts(cursor: Any) -> list[dict[str, Any]]:
+    columns = [col.name for col in cursor.description]
+    return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]

@@ -1,0 +1,292 @@
+"""Planning: the ranked shortlist of placement options for a request. Reads only, writes nothing.
+
+An option is one node (a plain request) or `gang.size` nodes sharing one
+value of the gang's topology label. Each member names the atoms it would
+book. `capacity.preview` shows a plan; `commit.placement_commit` walks one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+
+from core.errors import InvalidInput
+from inventory.models import Pool
+from reservations.placer.filters import (
+    Window,
+    atoms_of_nodes_sql,
+    features_sql,
+    gang_key,
+    item_topology,
+    row_dicts,
+    sharing_mismatch,
+    whole_node_atoms_sql,
+    with_clause,
+)
+from reservations.placer.scorers import score_sql
+from reservations.placer.sql import Params
+from reservations.request_types import ReservationRequest
+
+SHORTLIST_SIZE = 10
+# A start this far in the past is refused; closer than that it means "now".
+START_PAST_TOLERANCE = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node of an option and the atoms it would book there."""
+
+    node_id: str
+    device_ids: tuple[int, ...]
+    atoms: tuple[str, ...]
+    classes: tuple[str, ...]
+    score: float
+    displaced: int = 0
+
+
+@dataclass(frozen=True)
+class Option:
+    members: tuple[Member, ...]
+    score: float
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """A ranked shortlist for one window; `displace` means taking it cuts spot bookings."""
+
+    window: Window
+    options: list[Option] = field(default_factory=list)
+    reason: Reason | None = None
+    displace: bool = False
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.options)
+
+
+def placement_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT compute_now()")
+        row = cursor.fetchone()
+    assert row is not None
+    value: datetime = row[0]
+    return value
+
+
+def placement_window(*, request: ReservationRequest, now: datetime | None = None) -> Window:
+    """`[start, start + duration)` by the database clock; a start a little in the past means now."""
+    now = now or placement_now()
+    start = now
+    if request.start_ms is not None:
+        asked = datetime.fromtimestamp(request.start_ms / 1000, tz=now.tzinfo)
+        if asked < now - START_PAST_TOLERANCE:
+            raise InvalidInput.field("start", "must not be more than 5 minutes in the past")
+        start = max(asked, now)
+    return Window(start=start, end=start + timedelta(seconds=request.duration_seconds), now=now)
+
+
+def displaced_window(*, window: Window, notice_seconds: int) -> Window:
+    """A displacing request starts when the spot notice ends (or later if it asked to)."""
+    start = max(window.start, window.now + timedelta(seconds=notice_seconds))
+    return Window(start=start, end=start + (window.end - window.start), now=window.now)
+
+
+def _choose_item_atoms(
+    rows: list[dict[str, Any]], count: int, nvlink_all: bool
+) -> list[dict[str, Any]] | None:
+    """Pick `count` atoms on one node: one NVLink domain if asked, one NUMA node when possible.
+
+    Free atoms come before spot-booked ones; among NUMA nodes that can hold
+    the whole count the fullest-fitting (fewest free) is chosen, keeping large
+    groups whole for later requests.
+    """
+    if len(rows) < count:
+        return None
+    pools: list[list[dict[str, Any]]] = [rows]
+    if nvlink_all:
+        by_domain: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            if row["nvl"] is not None:
+                by_domain[row["nvl"]].append(row)
+        pools = [group for group in by_domain.values() if len(group) >= count]
+        if not pools:
+            return None
+        pools.sort(key=lambda g: (sum(1 for r in g if r["displaced"]), len(g), g[0]["nvl"]))
+    candidates = pools[0]
+    by_numa: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for row in candidates:
+        by_numa[row["numa"]].append(row)
+    for group in by_numa.values():
+        group.sort(key=lambda r: (r["displaced"], r["uid"]))
+    fitting = [g for g in by_numa.values() if len(g) >= count]
+    if fitting:
+        fitting.sort(key=lambda g: (sum(1 for r in g[:count] if r["displaced"]), len(g)))
+        return fitting[0][:count]
+    # No single NUMA node holds it: take from the largest groups first.
+    chosen: list[dict[str, Any]] = []
+    for group in sorted(by_numa.values(), key=lambda g: -len(g)):
+        chosen.extend(group[: count - len(chosen)])
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def _member(
+    *,
+    request: ReservationRequest,
+    node_id: str,
+    score: float,
+    rows: list[dict[str, Any]],
+    whole: list[dict[str, Any]],
+) -> Member | None:
+    taken: set[int] = set()
+    chosen: list[dict[str, Any]] = []
+    for index, item in enumerate(request.devices):
+        available = [r for r in rows if r["item"] == index and r["device_id"] not in taken]
+        picked = _choose_item_atoms(available, item.count, item_topology(request, item) == "nvlink-all")
+        if picked is None:
+            return None  # two items competing for the same atoms on this node
+        taken.update(r["device_id"] for r in picked)
+        chosen.extend(picked)
+    if request.binding == "node":
+        # A whole-node lease books every bookable atom, the `node` atom included.
+        chosen = sorted(whole, key=lambda r: (r["device_class"], r["uid"]))
+    return Member(
+        node_id=node_id,
+        device_ids=tuple(r["device_id"] for r in chosen),
+        atoms=tuple(r["uid"] for r in chosen),
+        classes=tuple(r["device_class"] for r in chosen),
+        score=float(score),
+        displaced=sum(1 for r in chosen if r["displaced"]),
+    )
+
+
+def placement_plan(
+    *,
+    request: ReservationRequest,
+    pool: Pool,
+    window: Window,
+    displace: bool = False,
+    exclude_node_ids: tuple[str, ...] = (),
+    limit: int = SHORTLIST_SIZE,
+) -> Plan:
+    """The best `limit` options for `request` in `window`, best first; a reason when there are none."""
+    if displace:
+        window = displaced_window(window=window, notice_seconds=pool.notice_seconds)
+    plan = Plan(window=window, displace=displace)
+    if pool.archived_at is not None:
+        plan.reason = Reason("POOL_ARCHIVED", "the pool is archived")
+        return plan
+    mismatch = sharing_mismatch(request=request, pool_sharing=pool.sharing)
+    if mismatch:
+        plan.reason = Reason("SHARING_MISMATCH", mismatch)
+        return plan
+
+    q = Params()
+    ctes, _ = with_clause(
+        request=request, window=window, q=q, displace=displace, exclude_node_ids=exclude_node_ids
+    )
+    scored = f"scored AS (SELECT f.*, {score_sql()} AS score FROM ({features_sql(request=request, q=q)}) f)"
+    if request.gang_size:
+        key = q.p(gang_key(request))
+        size = q.p(request.gang_size, "int")
+        # Per label value, its best `size` nodes; a group with fewer cannot host the gang.
+        sql = (
+            f"{ctes},\n{scored},\n"
+            f"ranked AS (SELECT node_id, score, labels ->> {key} AS gv,"
+            f" row_number() OVER (PARTITION BY labels ->> {key} ORDER BY score DESC, node_id) AS rn FROM scored)\n"
+            f"SELECT gv, array_agg(node_id ORDER BY rn) AS nodes, array_agg(score ORDER BY rn) AS scores,"
+            f" round(avg(score), 2) AS score FROM ranked WHERE rn <= {size}"
+            f" GROUP BY gv HAVING count(*) >= {size} ORDER BY score DESC, gv LIMIT {q.p(limit, 'int')}"
+        )
+    else:
+        sql = (
+            f"{ctes},\n{scored}\n"
+            f"SELECT node_id, score FROM scored ORDER BY score DESC, node_id LIMIT {q.p(limit, 'int')}"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, q.values)
+        ranked = row_dicts(cursor)
+    if not ranked:
+        plan.reason = _no_fit_reason(request=request, displace=displace)
+        return plan
+
+    if request.gang_size:
+        groups = [(list(r["nodes"]), list(r["scores"]), float(r["score"])) for r in ranked]
+    else:
+        groups = [([r["node_id"]], [r["score"]], float(r["score"])) for r in ranked]
+    node_ids = sorted({node_id for nodes, _, _ in groups for node_id in nodes})
+    atoms_by_node = _atoms_for(
+        request=request,
+        window=window,
+        displace=displace,
+        node_ids=node_ids,
+        exclude_node_ids=exclude_node_ids,
+    )
+    for nodes, scores, group_score in groups:
+        members = []
+        for node_id, score in zip(nodes, scores, strict=True):
+            rows, whole = atoms_by_node.get(node_id, ([], []))
+            member = _member(request=request, node_id=node_id, score=score, rows=rows, whole=whole)
+            if member is None:
+                break
+            members.append(member)
+        else:
+            plan.options.append(Option(members=tuple(members), score=group_score))
+    if not plan.options:
+        plan.reason = _no_fit_reason(request=request, displace=displace)
+    return plan
+
+
+def _atoms_for(
+    *,
+    request: ReservationRequest,
+    window: Window,
+    displace: bool,
+    node_ids: list[str],
+    exclude_node_ids: tuple[str, ...],
+) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Free atoms per shortlisted node (and, for whole-node leases, all of its atoms)."""
+    q = Params()
+    ctes, _ = with_clause(
+        request=request, window=window, q=q, displace=displace, exclude_node_ids=exclude_node_ids
+    )
+    ids_expr = q.p(node_ids, "text[]")
+    sql = f"{ctes}\n{atoms_of_nodes_sql(request=request, node_ids_expr=ids_expr)}"
+    if request.binding == "node":
+        sql += f" UNION ALL {whole_node_atoms_sql(node_ids_expr=ids_expr)}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, q.values)
+        rows = row_dicts(cursor)
+    out: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    for row in rows:
+        items, whole = out.setdefault(row["node_id"], ([], []))
+        (whole if row["item"] == -1 else items).append(row)
+    return out
+
+
+def _no_fit_reason(*, request: ReservationRequest, displace: bool) -> Reason:
+    wanted = ", ".join(f"{item.count} {item.device_class}" for item in request.devices)
+    if request.gang_size:
+        return Reason(
+            "NO_GANG",
+            f"no {request.gang_size} schedulable nodes sharing one {gang_key(request)!r} label"
+            f" each have {wanted} free for the window",
+        )
+    if request.binding == "node":
+        return Reason("NO_WHOLE_NODE", f"no schedulable node is wholly free for the window with {wanted}")
+    return Reason(
+        "NO_FIT",
+        f"no schedulable node has {wanted} free for the window"
+        + (" even by displacing spot reservations" if displace else ""),
+    )

@@ -1,0 +1,282 @@
+"""Reservation writes: create (idempotent, optionally waiting), release, renew, lease expiry.
+
+One transaction per create holds everything that belongs together: the
+reservation row, its allocations and bookings, the scalar claims, the quota
+charge and the rollup deltas. What talks to the outside (the node daemon,
+waiting clients) runs after commit.
+
+Waiting (`wait.timeoutMs`): a create that does not fit LISTENs on
+`capacity_released` and retries when a release in its pool commits (every
+release sends `pg_notify` inside its transaction, delivered at commit), until
+the timeout. There is no sleep loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+
+from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
+from inventory.models import Pool, Project
+from capacity.reconciler import reconcile_hook_register
+from reservations.models import Reservation
+from reservations.placer.commit import placement_charge, placement_commit, reservation_cut
+from reservations.placer.plan import placement_now, placement_window
+from reservations.request_types import ReservationRequest
+
+logger = logging.getLogger(__name__)
+
+RELEASE_CHANNEL = "capacity_released"
+IDEMPOTENCY_CONSTRAINT = "reservation_unique_idempotency_key"
+
+
+def request_digest(request: ReservationRequest) -> str:
+    """The canonical digest of what the request asks for (not how long the client waits)."""
+    fields = dataclasses.asdict(request)
+    fields.pop("raw", None)
+    fields.pop("wait_timeout_ms", None)
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _same_or_conflict(existing: Reservation, digest: str) -> Reservation:
+    if existing.request_digest != digest:
+        raise IdempotencyConflict(
+            "idempotencyKey was already used with a different request",
+            [{"field": "idempotencyKey", "message": "already used with a different request"}],
+        )
+    return existing
+
+
+def _existing(request: ReservationRequest) -> Reservation | None:
+    return Reservation.objects.filter(
+        tenant_id=request.tenant_id, idempotency_key=request.idempotency_key
+    ).first()
+
+
+def _pool_for(request: ReservationRequest) -> Pool:
+    from core.decisions import visible_pools
+
+    pool = visible_pools(tenant_id=request.tenant_id).filter(pk=request.pool_id).first()
+    if pool is None:
+        raise NotFound("pool not found")
+    if (
+        request.project_id
+        and not Project.objects.filter(pk=request.project_id, tenant_id=request.tenant_id).exists()
+    ):
+        raise NotFound("project not found")
+    return pool
+
+
+def _create_once(*, request: ReservationRequest, digest: str, actor: str) -> tuple[Reservation, bool]:
+    with transaction.atomic():
+        pool = _pool_for(request)
+        window = placement_window(request=request)
+        reservation = Reservation(
+            tenant_id=request.tenant_id,
+            pool_id=request.pool_id,
+            project_id=request.project_id,
+            request=request.raw,
+            request_digest=digest,
+            idempotency_key=request.idempotency_key,
+            spot=request.spot,
+            binding=request.binding,
+            starts_at=window.start,
+            ends_at=window.end,
+            state="active" if window.start <= window.now else "scheduled",
+            lease_seconds=request.lease_seconds,
+            lease_expires_at=(
+                window.now + timedelta(seconds=request.lease_seconds) if request.lease_seconds else None
+            ),
+        )
+        try:
+            # The unique (tenant, idempotency_key) index decides a race of two
+            # identical creates: the second INSERT waits for the first
+            # transaction and fails only if it committed.
+            with transaction.atomic():
+                reservation.save(force_insert=True)
+        except IntegrityError as exc:
+            if (
+                getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
+                != IDEMPOTENCY_CONSTRAINT
+            ):
+                raise
+            existing = _existing(request)
+            if existing is None:  # pragma: no cover - the winner committed, so it is visible
+                raise
+            return _same_or_conflict(existing, digest), False
+
+        placement = placement_commit(reservation=reservation, request=request, pool=pool, window=window)
+        if placement.window != window:
+            # Displacing spot reservations moved the start to the end of their notice.
+            reservation.starts_at = placement.window.start
+            reservation.ends_at = placement.window.end
+            reservation.state = "active" if placement.window.start <= placement.window.now else "scheduled"
+            reservation.save(update_fields=["starts_at", "ends_at", "state"])
+        placement_charge(placement=placement, request=request)
+        reservation_id = reservation.id
+        displaced = list(placement.displaced_reservations)
+
+        def deliver() -> None:
+            from reservations.daemon import daemon_deliver, daemon_shorten
+
+            for spot_id in displaced:
+                daemon_shorten(reservation_id=spot_id)
+            daemon_deliver(reservation_id=reservation_id)
+
+        transaction.on_commit(deliver)
+    return reservation, True
+
+
+def _listen() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"LISTEN {RELEASE_CHANNEL}")
+
+
+def _unlisten() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"UNLISTEN {RELEASE_CHANNEL}")
+
+
+def _wait_for_release(*, pool_id: str, seconds: float) -> None:
+    """Block until a release in this pool commits, or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    raw = connection.connection
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        for notify in raw.notifies(timeout=remaining, stop_after=1):
+            if notify.payload == pool_id:
+                return
+
+
+def reservation_create(*, request: ReservationRequest, actor: str) -> tuple[Reservation, bool]:
+    """Place and book the request; return the reservation and whether it was created now.
+
+    Idempotent per (tenant, idempotencyKey): the same request returns the same
+    reservation, a different one raises `IdempotencyConflict`.
+    """
+    digest = request_digest(request)
+    existing = _existing(request)
+    if existing is not None:
+        return _same_or_conflict(existing, digest), False
+    # Waiting needs notifications, which arrive only between transactions: a
+    # caller that already holds a transaction gets one attempt.
+    can_wait = request.wait_timeout_ms > 0 and not connection.in_atomic_block
+    if not can_wait:
+        return _create_once(request=request, digest=digest, actor=actor)
+    deadline = time.monotonic() + request.wait_timeout_ms / 1000
+    connection.ensure_connection()
+    _listen()
+    try:
+        while True:
+            try:
+                return _create_once(request=request, digest=digest, actor=actor)
+            except NoCapacity:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                _wait_for_release(pool_id=request.pool_id, seconds=remaining)
+                if time.monotonic() >= deadline:
+                    # One last attempt: the release may have landed right at the deadline.
+                    return _create_once(request=request, digest=digest, actor=actor)
+    finally:
+        _unlisten()
+
+
+def reservation_release(*, reservation: Reservation, actor: str, reason: str = "") -> Reservation:
+    """End the reservation now: running bookings end at `compute_now()`, future ones are deleted.
+
+    Scalars, quota and rollup counts are given back once; releasing twice is harmless.
+    """
+    with transaction.atomic():
+        # Serializes concurrent releases (and a spot notice) of one reservation.
+        locked = Reservation.objects.select_for_update().get(pk=reservation.pk)
+        if locked.state in ("released", "preempted"):
+            return locked
+        now = placement_now()
+        reservation_cut(reservation_id=locked.pk, at=now, now=now)
+        locked.state = "released"
+        locked.released_at = now
+        locked.release_reason = reason or f"released by {actor}"
+        locked.save(update_fields=["state", "released_at", "release_reason"])
+        with connection.cursor() as cursor:
+            # Delivered when this transaction commits, to creates waiting on this pool.
+            cursor.execute("SELECT pg_notify(%s, %s)", [RELEASE_CHANNEL, locked.pool_id])
+        reservation_id = locked.pk
+
+        def tell_daemon() -> None:
+            from reservations.daemon import daemon_shorten
+
+            daemon_shorten(reservation_id=reservation_id)
+
+        transaction.on_commit(tell_daemon)
+    return locked
+
+
+def reservation_renew(*, reservation: Reservation, actor: str) -> Reservation:
+    """Push the lease out by its `leaseSeconds` from now; CONFLICT when there is nothing to renew."""
+    with transaction.atomic():
+        locked = Reservation.objects.select_for_update().get(pk=reservation.pk)
+        from reservations.selectors import reservation_state
+
+        state = reservation_state(locked)
+        if not locked.lease_seconds:
+            raise Conflict(
+                "the reservation has no lease", [{"field": "reservationId", "message": "no lease"}]
+            )
+        if state not in ("scheduled", "active"):
+            raise Conflict(
+                f"a {state} reservation cannot be renewed", [{"field": "reservationId", "message": state}]
+            )
+        now = placement_now()
+        locked.lease_expires_at = now + timedelta(seconds=locked.lease_seconds)
+        locked.save(update_fields=["lease_expires_at"])
+    return locked
+
+
+def lease_expire_due(*, limit: int = 500) -> int:
+    """Release live reservations whose lease passed unrenewed; return how many (a reconciler hook)."""
+    released = 0
+    while True:
+        with transaction.atomic():
+            # SKIP LOCKED: a replica (or a release) already working on a row is
+            # left alone, so two reconcilers never release the same lease twice.
+            due = list(
+                Reservation.objects.select_for_update(skip_locked=True)
+                .filter(
+                    state__in=["scheduled", "active"],
+                    lease_expires_at__isnull=False,
+                    lease_expires_at__lte=_now_expr(),
+                )
+                .order_by("lease_expires_at")[:limit]
+            )
+            for reservation in due:
+                reservation_release(reservation=reservation, actor="lease-reconciler", reason="lease expired")
+        released += len(due)
+        if len(due) < limit:
+            return released
+
+
+def _now_expr() -> Any:
+    from django.db.models import DateTimeField, Func
+
+    return Func(function="compute_now", output_field=DateTimeField())
+
+
+# The capacity reconciler runs this on every pass (registering twice is a no-op;
+# `ReservationsConfig.ready` imports this module so the hook is there in every process).
+def lease_expire_hook() -> None:
+    """The reconciler hook: release every due lease."""
+    lease_expire_due()
+
+
+reconcile_hook_register(lease_expire_hook)

@@ -1,0 +1,342 @@
+"""The placer: filters, scorers, atom choice, gangs, whole nodes, future starts, spot notices, scalars."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from core.errors import InvalidInput, NoCapacity
+from inventory.models import Device, Node, Pool
+from reservations.models import DeviceBooking, Reservation
+from reservations.placer.plan import placement_now, placement_plan, placement_window
+from reservations.request_types import DeviceRequest, ReservationRequest
+from reservations.services import reservation_create
+from tests.factories import DeviceFactory, NodeFactory, NodeResourceFactory, PoolFactory, TaintFactory
+
+_keys = itertools.count()
+
+
+def make_node(
+    pool: Pool,
+    *,
+    gpus: int = 8,
+    numa_split: int = 4,
+    nvlink: list[str] | None = None,
+    vram: int = 80,
+    labels: dict[str, str] | None = None,
+    node_atom: bool = False,
+    resources: dict[str, int] | None = None,
+    **node_fields: Any,
+) -> Node:
+    """A node with `gpus` whole GPUs: the first `numa_split` on NUMA 0, the rest on NUMA 1."""
+    node = NodeFactory(pool=pool, labels=labels or {"fabric": "ib-1", "rack": "r01"}, **node_fields)
+    for index in range(gpus):
+        attributes: dict[str, Any] = {
+            "gpuProduct": "NVIDIA H100 80GB HBM3",
+            "gpuModel": "H100",
+            "vramGiB": vram,
+            "numaNode": 0 if index < numa_split else 1,
+        }
+        if nvlink:
+            attributes["nvlinkDomain"] = nvlink[index]
+        DeviceFactory(node=node, uid=f"GPU-{node.hostname}-{index}", attributes=attributes)
+    if node_atom:
+        DeviceFactory(node=node, uid=node.id, device_class="node", attributes={})
+    for resource, amount in (resources or {}).items():
+        NodeResourceFactory(node=node, resource=resource, allocatable=amount)
+    return node
+
+
+def gpu_request(pool: Pool, count: int = 1, **fields: Any) -> ReservationRequest:
+    selector = fields.pop("selector", {})
+    topology = fields.pop("item_topology", "any")
+    device_class = fields.pop("device_class", "gpu")
+    fields.setdefault("tenant_id", pool.owner_id)
+    fields.setdefault("duration_seconds", 3600)
+    fields.setdefault("idempotency_key", f"k-{next(_keys)}")
+    return ReservationRequest(
+        pool_id=pool.id,
+        devices=(
+            DeviceRequest(device_class=device_class, count=count, selector=selector, topology=topology),
+        ),
+        **fields,
+    )
+
+
+def plan_for(request: ReservationRequest, **kwargs: Any) -> Any:
+    pool = Pool.objects.get(pk=request.pool_id)
+    return placement_plan(request=request, pool=pool, window=placement_window(request=request), **kwargs)
+
+
+@pytest.fixture
+def pool() -> Pool:
+    return PoolFactory()
+
+
+@pytest.mark.django_db
+def test_selector_compares_ints_as_numbers(pool: Pool) -> None:
+    small = make_node(pool, gpus=2, vram=40)
+    big = make_node(pool, gpus=2, vram=141)
+    plan = plan_for(gpu_request(pool, 2, selector={"vramGiB": {"gte": 80}}))
+    assert [o.members[0].node_id for o in plan.options] == [big.id]
+    plan = plan_for(gpu_request(pool, 1, selector={"vramGiB": {"lt": 100}}))
+    assert [o.members[0].node_id for o in plan.options] == [small.id]
+
+
+@pytest.mark.django_db
+def test_selector_on_strings_labels_in_notin_and_exists(pool: Pool) -> None:
+    east = make_node(pool, gpus=1, labels={"fabric": "f1", "rack": "r01"})
+    west = make_node(pool, gpus=1, labels={"fabric": "f1", "rack": "r02"})
+
+    def nodes(selector: dict[str, Any]) -> set[str]:
+        return {o.members[0].node_id for o in plan_for(gpu_request(pool, 1, selector=selector)).options}
+
+    assert nodes({"node.rack": {"eq": "r02"}}) == {west.id}
+    assert nodes({"node.rack": {"in": ["r01", "r09"]}}) == {east.id}
+    assert nodes({"node.rack": {"notIn": ["r01"]}}) == {west.id}
+    assert nodes({"gpuModel": {"eq": "H100"}, "node.rack": {"ne": "r01"}}) == {west.id}
+    assert nodes({"nvlinkDomain": {"exists": True}}) == set()
+    assert nodes({"nvlinkDomain": {"exists": False}}) == {east.id, west.id}
+
+
+@pytest.mark.django_db
+def test_a_booked_atom_is_not_offered_for_an_overlapping_window(pool: Pool) -> None:
+    make_node(pool, gpus=2)
+    first = reservation_create(request=gpu_request(pool, 2), actor="t")[0]
+    assert first.allocations.count() == 1
+    plan = plan_for(gpu_request(pool, 1))
+    assert not plan.fits
+    assert plan.reason is not None and plan.reason.code == "NO_FIT"
+    # After the first reservation ends, the same atoms are free again.
+    later = placement_now() + timedelta(hours=2)
+    plan = plan_for(gpu_request(pool, 2, start_ms=int(later.timestamp() * 1000)))
+    assert plan.fits
+
+
+@pytest.mark.django_db
+def test_nvlink_all_keeps_every_gpu_in_one_domain(pool: Pool) -> None:
+    split = make_node(pool, gpus=4, nvlink=["a", "a", "b", "b"])
+    whole = make_node(pool, gpus=4, nvlink=["a", "a", "a", "b"])
+    plan = plan_for(gpu_request(pool, 3, item_topology="nvlink-all"))
+    assert [o.members[0].node_id for o in plan.options] == [whole.id]
+    atoms = plan.options[0].members[0].atoms
+    domains = set(Device.objects.filter(uid__in=atoms).values_list("attributes__nvlinkDomain", flat=True))
+    assert domains == {"a"}
+    # Without the topology both nodes fit.
+    assert {o.members[0].node_id for o in plan_for(gpu_request(pool, 3)).options} == {split.id, whole.id}
+
+
+@pytest.mark.django_db
+def test_atoms_come_from_one_numa_node_when_one_holds_them(pool: Pool) -> None:
+    make_node(pool, gpus=8, numa_split=5)  # NUMA 0 holds 5, NUMA 1 holds 3
+    member = plan_for(gpu_request(pool, 3)).options[0].members[0]
+    numas = set(Device.objects.filter(uid__in=member.atoms).values_list("attributes__numaNode", flat=True))
+    # Best fit: the NUMA node with exactly 3 free is used, keeping the 5 together.
+    assert numas == {1}
+
+
+@pytest.mark.django_db
+def test_numa_locality_and_bin_packing_rank_nodes(pool: Pool) -> None:
+    spread = make_node(pool, gpus=4, numa_split=2)  # 4 free, at most 2 per NUMA node
+    local = make_node(pool, gpus=4, numa_split=4)  # 4 free on one NUMA node
+    plan = plan_for(gpu_request(pool, 4))
+    assert [o.members[0].node_id for o in plan.options] == [local.id, spread.id]
+    assert plan.options[0].score > plan.options[1].score
+
+    big = make_node(pool, gpus=8, numa_split=8)
+    plan = plan_for(gpu_request(pool, 2))
+    # Bin packing: the 4-GPU nodes are filled before the 8-GPU node is broken.
+    assert plan.options[-1].members[0].node_id == big.id
+
+
+@pytest.mark.django_db
+def test_prefer_no_schedule_taint_is_a_penalty_not_a_filter(pool: Pool) -> None:
+    tainted = make_node(pool, gpus=2)
+    TaintFactory(node=tainted, effect="PreferNoSchedule")
+    clean = make_node(pool, gpus=2)
+    plan = plan_for(gpu_request(pool, 2))
+    assert [o.members[0].node_id for o in plan.options] == [clean.id, tainted.id]
+
+
+@pytest.mark.django_db
+def test_unschedulable_nodes_and_unhealthy_atoms_are_filtered(pool: Pool) -> None:
+    make_node(pool, gpus=2, cordoned=True)
+    make_node(pool, gpus=2, maintenance=True)
+    make_node(pool, gpus=2, connectivity="disconnected")
+    make_node(pool, gpus=2, noschedule_taints=1)
+    make_node(pool, gpus=2, provision_state="adopting")
+    make_node(pool, gpus=2, converged_specs=0)
+    sick = make_node(pool, gpus=2)
+    Device.objects.filter(node=sick).update(healthy=False)
+    assert not plan_for(gpu_request(pool, 1)).fits
+
+
+@pytest.mark.django_db
+def test_archived_pool_does_not_place(pool: Pool) -> None:
+    make_node(pool, gpus=2)
+    Pool.objects.filter(pk=pool.pk).update(archived_at=placement_now())
+    plan = plan_for(gpu_request(pool, 1))
+    assert not plan.fits and plan.reason is not None and plan.reason.code == "POOL_ARCHIVED"
+
+
+@pytest.mark.django_db
+def test_mig_and_slot_classes_must_fit_the_pool() -> None:
+    mig_pool = PoolFactory(sharing="mig")
+    node = NodeFactory(pool=mig_pool)
+    parent = DeviceFactory(node=node, uid="GPU-mig-0", bookable=False)
+    for gi in range(3):
+        DeviceFactory(
+            node=node,
+            uid=f"GPU-mig-0/gi{gi}/ci0",
+            device_class="gpu.mig",
+            parent=parent,
+            attributes={"migProfile": "2g.20gb", "memoryGiB": 20, "numaNode": 0},
+        )
+    plan = plan_for(
+        gpu_request(mig_pool, 2, device_class="gpu.mig", selector={"migProfile": {"eq": "2g.20gb"}})
+    )
+    assert plan.fits and all("/gi" in atom for atom in plan.options[0].members[0].atoms)
+    # Whole GPUs are not sold from a MIG pool (the parent is never bookable either).
+    plan = plan_for(gpu_request(mig_pool, 1))
+    assert not plan.fits and plan.reason is not None and plan.reason.code == "SHARING_MISMATCH"
+
+    slot_pool = PoolFactory(sharing="timeslice", slots_per_gpu=4)
+    slot_node = NodeFactory(pool=slot_pool)
+    slot_parent = DeviceFactory(node=slot_node, uid="GPU-ts-0", bookable=False)
+    for k in range(4):
+        DeviceFactory(
+            node=slot_node,
+            uid=f"GPU-ts-0/s{k}",
+            device_class="gpu.slot",
+            parent=slot_parent,
+            attributes={"slotIndex": k, "numaNode": 0},
+        )
+    plan = plan_for(gpu_request(slot_pool, 3, device_class="gpu.slot"))
+    assert plan.fits and len(plan.options[0].members[0].atoms) == 3
+    assert not plan_for(gpu_request(slot_pool, 1, device_class="gpu.mig")).fits
+
+
+@pytest.mark.django_db
+def test_gang_takes_nodes_sharing_one_fabric(pool: Pool) -> None:
+    make_node(pool, gpus=8, labels={"fabric": "f-a"})
+    b1 = make_node(pool, gpus=8, labels={"fabric": "f-b"})
+    b2 = make_node(pool, gpus=8, labels={"fabric": "f-b"})
+    make_node(pool, gpus=8, labels={"rack": "no-fabric"})
+    request = gpu_request(pool, 8, gang_size=2)
+    plan = plan_for(request)
+    assert len(plan.options) == 1
+    assert {m.node_id for m in plan.options[0].members} == {b1.id, b2.id}
+    reservation, created = reservation_create(request=request, actor="t")
+    assert created
+    assert set(reservation.allocations.values_list("node_id", flat=True)) == {b1.id, b2.id}
+    assert DeviceBooking.objects.filter(allocation__reservation=reservation).count() == 16
+    # No second gang of two fits on one fabric now.
+    assert not plan_for(gpu_request(pool, 8, gang_size=2)).fits
+
+
+@pytest.mark.django_db
+def test_gang_with_custom_topology_key(pool: Pool) -> None:
+    make_node(pool, gpus=2, labels={"fabric": "f", "rack": "r1"})
+    make_node(pool, gpus=2, labels={"fabric": "f", "rack": "r2"})
+    assert plan_for(gpu_request(pool, 2, gang_size=2)).fits
+    plan = plan_for(gpu_request(pool, 2, gang_size=2, gang_topology_key="rack"))
+    assert not plan.fits and plan.reason is not None and plan.reason.code == "NO_GANG"
+
+
+@pytest.mark.django_db
+def test_binding_node_books_every_atom_of_a_wholly_free_node(pool: Pool) -> None:
+    busy = make_node(pool, gpus=4, node_atom=True)
+    free = make_node(pool, gpus=4, node_atom=True)
+    reservation_create(request=gpu_request(pool, 1, tenant_id=pool.owner_id), actor="t")  # lands somewhere
+    taken_node = Reservation.objects.get().allocations.get().node_id
+    other = free if taken_node == busy.id else busy
+    request = gpu_request(pool, 1, binding="node")
+    plan = plan_for(request)
+    assert [o.members[0].node_id for o in plan.options] == [other.id]
+    assert set(plan.options[0].members[0].atoms) == set(
+        Device.objects.filter(node=other).values_list("uid", flat=True)
+    )
+    reservation, _ = reservation_create(request=request, actor="t")
+    assert DeviceBooking.objects.filter(allocation__reservation=reservation).count() == 5
+    assert not plan_for(gpu_request(pool, 1, binding="node")).fits
+
+
+@pytest.mark.django_db
+def test_future_start_books_the_later_window_and_counts_reserved(pool: Pool) -> None:
+    make_node(pool, gpus=1)
+    now = placement_now()
+    start = now + timedelta(days=1)
+    reservation, _ = reservation_create(
+        request=gpu_request(pool, 1, start_ms=int(start.timestamp() * 1000)), actor="t"
+    )
+    assert reservation.state == "scheduled"
+    booking = DeviceBooking.objects.get(allocation__reservation=reservation)
+    assert booking.during.lower >= start - timedelta(milliseconds=1)
+    # The GPU is still free now, for a window that ends before the calendar booking.
+    assert plan_for(gpu_request(pool, 1, duration_seconds=3600)).fits
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT allocated, reserved FROM pool_capacity_rollup WHERE pool_id = %s AND resource = 'gpu'",
+            [pool.id],
+        )
+        assert cursor.fetchone() == (0, 1)
+
+
+@pytest.mark.django_db
+def test_a_start_long_past_is_invalid_and_a_little_past_means_now(pool: Pool) -> None:
+    make_node(pool, gpus=1)
+    now = placement_now()
+    with pytest.raises(InvalidInput):
+        placement_window(
+            request=gpu_request(pool, 1, start_ms=int((now - timedelta(minutes=6)).timestamp() * 1000))
+        )
+    window = placement_window(
+        request=gpu_request(pool, 1, start_ms=int((now - timedelta(minutes=1)).timestamp() * 1000))
+    )
+    assert window.start == window.now
+
+
+@pytest.mark.django_db
+def test_scalars_must_fit_allocatable_times_ratio_minus_allocated(pool: Pool) -> None:
+    node = make_node(pool, gpus=4, resources={"vcpu": 10})
+    from inventory.models import NodeResource
+
+    NodeResource.objects.filter(node=node, resource="vcpu").update(ratio=2)  # 20 schedulable
+    reservation_create(request=gpu_request(pool, 1, resources={"vcpu": 15}), actor="t")
+    assert NodeResource.objects.get(node=node, resource="vcpu").allocated == 15
+    assert not plan_for(gpu_request(pool, 1, resources={"vcpu": 6})).fits
+    assert plan_for(gpu_request(pool, 1, resources={"vcpu": 5})).fits
+    # A node without the resource at all cannot serve a claim on it.
+    assert not plan_for(gpu_request(pool, 1, resources={"hugepages1Gi": 1})).fits
+
+
+@pytest.mark.django_db
+def test_spot_reservations_are_displaced_with_a_notice(pool: Pool) -> None:
+    Pool.objects.filter(pk=pool.pk).update(notice_seconds=120)
+    make_node(pool, gpus=2)
+    spot, _ = reservation_create(request=gpu_request(pool, 2, spot=True), actor="t")
+    # Another spot request never displaces.
+    with pytest.raises(NoCapacity):
+        reservation_create(request=gpu_request(pool, 2, spot=True), actor="t")
+    now = placement_now()
+    regular, _ = reservation_create(request=gpu_request(pool, 2), actor="t")
+    spot.refresh_from_db()
+    assert spot.notice_at is not None and spot.notice_ends_at is not None
+    assert spot.notice_ends_at == regular.starts_at
+    assert regular.starts_at >= now + timedelta(seconds=120)
+    for booking in DeviceBooking.objects.filter(allocation__reservation=spot):
+        assert booking.during.upper == spot.notice_ends_at
+    assert DeviceBooking.objects.filter(allocation__reservation=regular).count() == 2
+
+
+@pytest.mark.django_db
+def test_no_capacity_carries_the_placer_reason(pool: Pool) -> None:
+    make_node(pool, gpus=1)
+    with pytest.raises(NoCapacity) as caught:
+        reservation_create(request=gpu_request(pool, 2), actor="t")
+    assert caught.value.details and caught.value.details[0]["code"] == "NO_FIT"
+    assert not Reservation.objects.exists()
