@@ -186,10 +186,18 @@ class StrictSerializer(serializers.Serializer):
             if self.parent is None:
                 raise serializers.ValidationError({"body": ["must be a JSON object"]})
             raise serializers.ValidationError(["must be a JSON object"])
-        unknown = sorted(set(data) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
-        return super().to_internal_value(data)
+        # Unknown fields and bad known fields are reported together: `details`
+        # names every bad field, so a client fixes its request in one go.
+        errors: dict[str, Any] = {name: ["unknown field"] for name in sorted(set(data) - set(self.fields))}
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if not isinstance(exc.detail, dict):
+                raise
+            errors.update(exc.detail)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
 
 
 class StrictIntegerField(serializers.IntegerField):

@@ -1,0 +1,400 @@
+"""The capacity reads through HTTP: who may see which pool, every input constraint, the envelope."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import RequestFactory
+from rest_framework.test import APIClient
+
+from capacity.models import PoolCapacityRollup
+from core.api import handler500
+from inventory.models import Pool
+from tests.conftest import ClientFor
+from tests.factories import PoolFactory
+
+SUMMARY = "/api/compute/capacity/summary"
+BY_POOL = "/api/compute/capacity/byPool"
+POOLS_CAPACITY = "/api/compute/pools/capacity"
+ULID = "01k0000000000000000000000a"  # 26 Crockford characters
+
+
+def post(client: APIClient, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    response = client.post(path, body, format="json")
+    assert response["Content-Type"].startswith("application/json")
+    return response.status_code, response.json()
+
+
+def assert_error(status: int, body: dict[str, Any], code: str, http: int) -> None:
+    assert status == http, body
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"code", "message", "details"}
+    assert body["error"]["code"] == code
+    assert "Traceback" not in json.dumps(body)
+
+
+def invalid_fields(status: int, body: dict[str, Any]) -> set[str]:
+    assert_error(status, body, "INVALID_INPUT", 400)
+    fields = {detail["field"] for detail in body["error"]["details"]}
+    assert body["error"]["message"].split(":")[0] in fields
+    return fields
+
+
+def rollup(pool: Pool, resource: str, **counts: int) -> PoolCapacityRollup:
+    values = {"allocatable": 0, "provisioning": 0, "unhealthy": 0, "maintenance": 0, "unreachable": 0}
+    values.update({k: v for k, v in counts.items() if k in values})
+    total = sum(values.values())
+    return PoolCapacityRollup.objects.create(
+        pool=pool,
+        resource=resource,
+        total=total,
+        allocated=counts.get("allocated", 0),
+        reserved=counts.get("reserved", 0),
+        **values,
+    )
+
+
+# --- Authentication and decisions ---------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", [SUMMARY, BY_POOL, POOLS_CAPACITY])
+def test_no_token_is_unauthenticated(anonymous_client: APIClient, owned_pool: Pool, path: str) -> None:
+    status, body = post(anonymous_client, path, {"tenantId": "acme", "poolId": owned_pool.pk})
+    assert_error(status, body, "UNAUTHENTICATED", 401)
+
+
+@pytest.mark.django_db
+def test_a_token_for_another_tenant_is_permission_denied(
+    owner_client: APIClient, offered_tenant: Any
+) -> None:
+    status, body = post(owner_client, SUMMARY, {"tenantId": "beta"})
+    assert_error(status, body, "PERMISSION_DENIED", 403)
+
+
+@pytest.mark.django_db
+def test_a_token_for_another_tenant_is_denied_before_the_pool_is_looked_up(
+    owner_client: APIClient, offered_tenant: Any
+) -> None:
+    status, body = post(owner_client, BY_POOL, {"tenantId": "beta", "poolId": f"pool_{ULID}"})
+    assert_error(status, body, "PERMISSION_DENIED", 403)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", [BY_POOL, POOLS_CAPACITY])
+def test_a_pool_neither_owned_nor_offered_is_not_found(
+    outsider_client: APIClient, owned_pool: Pool, path: str
+) -> None:
+    status, body = post(outsider_client, path, {"tenantId": "gamma", "poolId": owned_pool.pk})
+    assert_error(status, body, "NOT_FOUND", 404)
+
+
+@pytest.mark.django_db
+def test_an_unknown_pool_looks_like_an_invisible_one(owner_client: APIClient, owned_pool: Pool) -> None:
+    status, body = post(owner_client, BY_POOL, {"tenantId": "acme", "poolId": f"pool_{ULID}"})
+    assert_error(status, body, "NOT_FOUND", 404)
+
+
+@pytest.mark.django_db
+def test_an_archived_pool_is_not_found_for_a_non_owner(
+    offered_client: APIClient, archived_pool: Pool
+) -> None:
+    status, body = post(offered_client, BY_POOL, {"tenantId": "beta", "poolId": archived_pool.pk})
+    assert_error(status, body, "NOT_FOUND", 404)
+
+
+@pytest.mark.django_db
+def test_an_offered_pool_answers_its_rows_ordered_by_resource(
+    offered_client: APIClient, owned_pool: Pool
+) -> None:
+    rollup(owned_pool, "vcpu", allocatable=448)
+    rollup(owned_pool, "gpu", allocatable=56, allocated=24, reserved=8, unhealthy=1, maintenance=7)
+
+    status, body = post(offered_client, BY_POOL, {"tenantId": "beta", "poolId": owned_pool.pk})
+
+    assert status == 200, body
+    assert body["poolId"] == owned_pool.pk
+    assert [row["resource"] for row in body["rows"]] == ["gpu", "vcpu"]
+    gpu = body["rows"][0]
+    assert set(gpu) == {
+        "poolId",
+        "resource",
+        "total",
+        "allocatable",
+        "allocated",
+        "reserved",
+        "available",
+        "provisioning",
+        "unhealthy",
+        "maintenance",
+        "unreachable",
+        "updatedAt",
+    }
+    assert (gpu["total"], gpu["allocatable"], gpu["available"]) == (64, 56, 24)
+    assert isinstance(gpu["updatedAt"], int)
+
+
+@pytest.mark.django_db
+def test_pools_capacity_answers_the_same_as_by_pool(owner_client: APIClient, owned_pool: Pool) -> None:
+    rollup(owned_pool, "gpu", allocatable=8)
+    body = {"tenantId": "acme", "poolId": owned_pool.pk}
+    assert post(owner_client, POOLS_CAPACITY, body) == post(owner_client, BY_POOL, body)
+
+
+@pytest.mark.django_db
+def test_the_owner_sees_its_archived_pool(owner_client: APIClient, archived_pool: Pool) -> None:
+    rollup(archived_pool, "gpu", allocatable=4)
+    status, body = post(owner_client, BY_POOL, {"tenantId": "acme", "poolId": archived_pool.pk})
+    assert status == 200
+    assert body["rows"][0]["allocatable"] == 4
+
+
+@pytest.mark.django_db
+def test_summary_lists_owned_and_offered_pools_and_sums_gpu_rows_per_model(
+    owner_client: APIClient, offered_client: APIClient, owned_pool: Pool, archived_pool: Pool
+) -> None:
+    other = PoolFactory(owner=owned_pool.owner, name="cpu-only", gpu_model="")
+    rollup(owned_pool, "gpu", allocatable=8, allocated=2)
+    rollup(owned_pool, "gpu.mig", allocatable=70)
+    rollup(archived_pool, "gpu", allocatable=4)
+    rollup(other, "gpu", allocatable=1)
+
+    status, owner = post(owner_client, SUMMARY, {"tenantId": "acme"})
+    assert status == 200
+    assert {pool["poolId"] for pool in owner["pools"]} == {owned_pool.pk, archived_pool.pk, other.pk}
+    assert owner["byGpuModel"]["H100"]["allocatable"] == 12
+    assert owner["byGpuModel"]["H100"]["allocated"] == 2
+    assert owner["byGpuModel"]["other"]["allocatable"] == 1
+
+    status, offered = post(offered_client, SUMMARY, {"tenantId": "beta"})
+    assert status == 200
+    assert [pool["poolId"] for pool in offered["pools"]] == [owned_pool.pk]
+    assert offered["pools"][0]["offered"] is True
+    assert offered["byGpuModel"] == {
+        "H100": {"total": 8, "allocatable": 8, "allocated": 2, "reserved": 0, "available": 6}
+    }
+
+
+@pytest.mark.django_db
+def test_a_viewer_may_read_capacity(api_client_for: ClientFor, owned_pool: Pool) -> None:
+    status, _ = post(api_client_for("acme", "viewer"), BY_POOL, {"tenantId": "acme", "poolId": owned_pool.pk})
+    assert status == 200
+
+
+@pytest.mark.django_db
+def test_an_operator_reads_every_tenant(operator_client: APIClient, owned_pool: Pool) -> None:
+    status, body = post(operator_client, SUMMARY, {"tenantId": "beta"})
+    assert status == 200
+    assert [pool["poolId"] for pool in body["pools"]] == [owned_pool.pk]
+
+
+@pytest.mark.django_db
+def test_a_node_agent_may_not_read_capacity(node_agent_client: APIClient, owned_pool: Pool) -> None:
+    status, body = post(node_agent_client, SUMMARY, {"tenantId": "acme"})
+    assert_error(status, body, "PERMISSION_DENIED", 403)
+
+
+# --- Input constraints (the seeds' tables) ------------------------------------------------
+
+BAD_TENANT_IDS = [
+    pytest.param("a" * 129, id="longer-than-128"),
+    pytest.param("", id="empty"),
+    pytest.param("acme corp", id="space"),
+    pytest.param("acme/x", id="slash"),
+    pytest.param("ácme", id="non-ascii"),
+    pytest.param(" acme", id="leading-space"),
+    pytest.param(12, id="number"),
+    pytest.param(None, id="null"),
+    pytest.param(["acme"], id="list"),
+]
+
+BAD_POOL_IDS = [
+    pytest.param("pool_" + "0" * 53, id="longer-than-57"),
+    pytest.param("pool_" + "0" * 25, id="ulid-too-short"),
+    pytest.param("pool_01K0000000000000000000000A", id="uppercase"),
+    pytest.param("pool_01k000000000000000000000il", id="excluded-letters"),
+    pytest.param("node_" + ULID, id="wrong-prefix"),
+    pytest.param(ULID, id="no-prefix"),
+    pytest.param("", id="empty"),
+    pytest.param(1, id="number"),
+    pytest.param(None, id="null"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("tenant_id", BAD_TENANT_IDS)
+def test_summary_refuses_a_bad_tenant_id(owner_client: APIClient, tenant_id: Any) -> None:
+    assert invalid_fields(*post(owner_client, SUMMARY, {"tenantId": tenant_id})) == {"tenantId"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("tenant_id", BAD_TENANT_IDS)
+def test_by_pool_refuses_a_bad_tenant_id(owner_client: APIClient, owned_pool: Pool, tenant_id: Any) -> None:
+    fields = invalid_fields(*post(owner_client, BY_POOL, {"tenantId": tenant_id, "poolId": owned_pool.pk}))
+    assert fields == {"tenantId"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", [BY_POOL, POOLS_CAPACITY])
+@pytest.mark.parametrize("pool_id", BAD_POOL_IDS)
+def test_by_pool_refuses_a_bad_pool_id(
+    owner_client: APIClient, owned_pool: Pool, path: str, pool_id: Any
+) -> None:
+    fields = invalid_fields(*post(owner_client, path, {"tenantId": "acme", "poolId": pool_id}))
+    assert fields == {"poolId"}
+
+
+@pytest.mark.django_db
+def test_the_longest_valid_ids_are_accepted(api_client_for: ClientFor) -> None:
+    from tests.factories import TenantFactory
+
+    tenant = TenantFactory(id="t" * 128)
+    client = api_client_for(tenant.id, "viewer")
+    assert post(client, SUMMARY, {"tenantId": tenant.id})[0] == 200
+    status, body = post(client, BY_POOL, {"tenantId": tenant.id, "poolId": "pool_" + "0" * 52})
+    assert_error(status, body, "NOT_FOUND", 404)
+
+
+@pytest.mark.django_db
+def test_missing_required_fields_are_each_named(owner_client: APIClient) -> None:
+    assert invalid_fields(*post(owner_client, BY_POOL, {})) == {"tenantId", "poolId"}
+    assert invalid_fields(*post(owner_client, SUMMARY, {})) == {"tenantId"}
+
+
+@pytest.mark.django_db
+def test_an_unknown_field_is_refused_and_named(owner_client: APIClient, owned_pool: Pool) -> None:
+    fields = invalid_fields(*post(owner_client, SUMMARY, {"tenantId": "acme", "tenantID": "acme"}))
+    assert fields == {"tenantID"}
+
+
+@pytest.mark.django_db
+def test_every_bad_field_is_named_at_once(owner_client: APIClient) -> None:
+    fields = invalid_fields(*post(owner_client, BY_POOL, {"tenantId": "", "poolId": "x", "extra": 1}))
+    assert fields == {"tenantId", "poolId", "extra"}
+
+
+# --- The body itself ----------------------------------------------------------------------
+
+
+def raw_post(
+    client: APIClient, path: str, data: bytes | str, content_type: str
+) -> tuple[int, dict[str, Any]]:
+    response = client.generic("POST", path, data, content_type=content_type)
+    return response.status_code, response.json()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("data", ["{not json", "{'tenantId': 'acme'}", '{"tenantId": NaN}', "\xff"])
+def test_a_body_that_is_not_json_is_invalid_input(owner_client: APIClient, data: str) -> None:
+    assert invalid_fields(*raw_post(owner_client, SUMMARY, data, "application/json")) == {"body"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("data", ['["acme"]', '"acme"', "42", "null", "true"])
+def test_a_json_body_that_is_not_an_object_is_invalid_input(owner_client: APIClient, data: str) -> None:
+    assert invalid_fields(*raw_post(owner_client, SUMMARY, data, "application/json")) == {"body"}
+
+
+@pytest.mark.django_db
+def test_an_empty_body_is_invalid_input(owner_client: APIClient) -> None:
+    assert invalid_fields(*raw_post(owner_client, SUMMARY, b"", "application/json")) == {"body"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", ""])
+def test_a_wrong_content_type_is_invalid_input(owner_client: APIClient, content_type: str) -> None:
+    status, body = raw_post(owner_client, SUMMARY, '{"tenantId": "acme"}', content_type)
+    assert invalid_fields(status, body) == {"body"}
+    assert "Content-Type" in body["error"]["message"]
+
+
+@pytest.mark.django_db
+def test_json_with_a_charset_is_accepted(owner_client: APIClient, owner_tenant: Any) -> None:
+    status, _ = raw_post(owner_client, SUMMARY, '{"tenantId": "acme"}', "application/json; charset=utf-8")
+    assert status == 200
+
+
+@pytest.mark.django_db
+def test_a_body_over_the_size_limit_is_invalid_input(owner_client: APIClient, settings: Any) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
+    padding = "x" * 2048
+    status, body = raw_post(
+        owner_client, SUMMARY, json.dumps({"tenantId": "acme", "pad": padding}), "application/json"
+    )
+    assert invalid_fields(status, body) == {"body"}
+    assert "too large" in body["error"]["message"]
+
+
+@pytest.mark.django_db
+def test_a_body_over_the_default_limit_is_invalid_input(owner_client: APIClient) -> None:
+    huge = json.dumps({"tenantId": "acme", "pad": "x" * (1_100_000)})
+    status, body = raw_post(owner_client, SUMMARY, huge, "application/json")
+    assert invalid_fields(status, body) == {"body"}
+
+
+@pytest.mark.django_db
+def test_a_get_is_method_not_allowed_in_the_envelope(owner_client: APIClient) -> None:
+    response = owner_client.get(SUMMARY)
+    assert_error(response.status_code, response.json(), "INVALID_INPUT", 405)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/compute/capacity/nope",
+        "/api/compute/nope/summary",
+        "/api/whatever",
+        "/api/compute/capacity/summary/",
+    ],
+)
+def test_an_unknown_api_url_is_not_found_in_the_envelope(owner_client: APIClient, path: str) -> None:
+    response = owner_client.post(path, {"tenantId": "acme"}, format="json")
+    assert response["Content-Type"].startswith("application/json")
+    assert_error(response.status_code, response.json(), "NOT_FOUND", 404)
+
+
+def test_an_error_outside_a_view_is_internal_in_the_envelope_without_a_traceback() -> None:
+    response = handler500(RequestFactory().post("/api/compute/capacity/summary"))
+    body = json.loads(response.content)
+    assert_error(response.status_code, body, "INTERNAL", 500)
+
+
+# --- The machine-readable schema ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_schema_lists_every_method_with_its_request_body() -> None:
+    response = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    schema = json.loads(response.content)
+    methods = {
+        "/api/compute/capacity/summary",
+        "/api/compute/capacity/byPool",
+        "/api/compute/pools/capacity",
+        "/api/compute/nodes/get",
+        "/api/compute/nodes/cordon",
+        "/api/compute/nodes/uncordon",
+        "/api/compute/nodes/taint",
+        "/api/compute/nodes/untaint",
+        "/api/compute/nodes/setMaintenance",
+        "/api/compute/devices/setHealth",
+        "/api/compute/inventory/report",
+    }
+    assert methods <= set(schema["paths"])
+    for path in methods:
+        operation = schema["paths"][path]["post"]
+        assert "application/json" in operation["requestBody"]["content"], path
+        assert "200" in operation["responses"], path
+    assert schema["paths"]["/api/compute/capacity/byPool"]["post"]["operationId"] == "capacity.byPool"
+
+
+@pytest.mark.django_db
+def test_the_docs_page_renders_offline() -> None:
+    response = APIClient().get("/api/docs/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "swagger-ui" in page
+    assert "https://cdn" not in page
