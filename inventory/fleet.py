@@ -635,6 +635,7 @@ def _pool_plan(pools: int, mig_share: float, timeslice_share: float) -> list[dic
         region = REGIONS[(i // len(TENANTS)) % len(REGIONS)]
         suffix = f"-{i // (len(TENANTS) * len(REGIONS)) + 1}" if i >= len(TENANTS) * len(REGIONS) else ""
         others = [t["id"] for t in TENANTS if t["id"] != owner]
+        pool: dict[str, Any]
         if i < n_mig:
             model = "A100" if i % 2 == 0 else "H100"
             pool = {
