@@ -358,7 +358,7 @@ class TimelineForm(forms.Form):
 def _timeline_context(request: HttpRequest, pool: Pool) -> dict[str, Any]:
     """The pool's timeline chart; an empty chart with the error when the module refuses."""
     form = TimelineForm(request.GET or None)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"from_ms": None, "to_ms": None, "step_minutes": None}
     if form.is_bound and form.is_valid():
         if form.cleaned_data.get("step_minutes"):
             kwargs["step_minutes"] = form.cleaned_data["step_minutes"]
@@ -370,7 +370,7 @@ def _timeline_context(request: HttpRequest, pool: Pool) -> dict[str, Any]:
             kwargs["from_ms"] = start
             kwargs["to_ms"] = start + form.cleaned_data["hours"] * 3_600_000
     try:
-        from capacity.timeline import timeline_compute  # type: ignore[import-not-found]
+        from capacity.timeline import timeline_compute
 
         data = timeline_compute(pool=pool, **kwargs)
         error = ""

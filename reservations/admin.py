@@ -58,7 +58,7 @@ class ReservationAdmin(ReadOnlyAdmin):
     def release_reservations(
         self, request: HttpRequest, queryset: QuerySet[Reservation]
     ) -> HttpResponse | None:
-        from reservations.services import reservation_release  # type: ignore[import-not-found]
+        from reservations.services import reservation_release
 
         actor = admin_actor(request)
 
