@@ -251,7 +251,12 @@ class ReservationRequestSerializer(_RequestPart):
 
 
 def _invalid(detail: Any) -> InvalidInput:
-    details = _flatten(detail)
+    # One message per field: a too-long id breaks both its length and its
+    # pattern, and saying so twice helps nobody.
+    details: list[dict[str, str]] = []
+    for item in _flatten(detail):
+        if all(seen["field"] != item["field"] for seen in details):
+            details.append(item)
     first = details[0] if details else {"field": "body", "message": "invalid"}
     return InvalidInput(f"{first['field']}: {first['message']}", details)
 
