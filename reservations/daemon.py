@@ -3,7 +3,7 @@
 The real daemon keeps its own record of what it was told to run and refuses
 an assignment that overlaps one it already holds, whatever the control plane
 believes. This stand-in keeps that record in its own table,
-`fake_daemon_assignments` (device uid, reservation, `[starts_at, ends_at)`),
+`fake_daemon_assignments` (node, device uid, reservation, `[starts_at, ends_at)`),
 and checks overlaps in Python against what it holds, never trusting the
 control plane's constraint. A refused assignment answers `AllocationFailed`,
 and the control plane releases the reservation.
@@ -43,8 +43,8 @@ def daemon_assign(
         cursor.execute("SELECT pg_advisory_xact_lock(hashtext('fake-daemon:' || %s))", [node_id])
         cursor.execute(
             "SELECT device_uid, reservation_id, starts_at, ends_at FROM fake_daemon_assignments"
-            " WHERE device_uid = ANY(%s)",
-            [[uid for uid, _, _ in assignments]],
+            " WHERE node_id = %s AND device_uid = ANY(%s)",
+            [node_id, [uid for uid, _, _ in assignments]],
         )
         held: dict[str, list[tuple[str, datetime, datetime]]] = {}
         for uid, holder, start, end in cursor.fetchall():

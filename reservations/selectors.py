@@ -17,24 +17,27 @@ from django.db.models import CharField, Prefetch, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from core.errors import InvalidInput, NotFound
+from inventory.models import Pool
 from reservations.models import Allocation, DeviceBooking, Reservation
+from reservations.request_types import ReservationRequest
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
 
 # The same rule as `reservation_state`, over table reservations_reservation.
+_R = "reservations_reservation"
 STATE_SQL = (
-    "CASE WHEN reservations_reservation.state IN ('released', 'preempted') THEN reservations_reservation.state"
-    " WHEN reservations_reservation.notice_at IS NOT NULL AND reservations_reservation.ends_at <= compute_now()"
-    " THEN 'preempted'"
-    " WHEN reservations_reservation.starts_at > compute_now() THEN 'scheduled'"
-    " WHEN reservations_reservation.ends_at > compute_now() THEN 'active'"
+    f"CASE WHEN {_R}.state IN ('released', 'preempted') THEN {_R}.state"
+    f" WHEN {_R}.notice_at IS NOT NULL AND {_R}.ends_at <= compute_now() THEN 'preempted'"
+    f" WHEN {_R}.starts_at > compute_now() THEN 'scheduled'"
+    f" WHEN {_R}.ends_at > compute_now() THEN 'active'"
     " ELSE 'ended' END"
 )
 
 
 def _with_state(queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
-    return queryset.annotate(derived_state=RawSQL(STATE_SQL, [], output_field=CharField()))
+    state = RawSQL(STATE_SQL, [], output_field=CharField())  # noqa: S611 - a constant, no input
+    return queryset.annotate(derived_state=state)
 
 
 def _with_allocations(queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
@@ -145,4 +148,61 @@ def reservation_payload(reservation: Reservation) -> dict[str, Any]:
         "createdAt": to_millis(reservation.created_at),
         "allocations": allocations,
         "notice": notice,
+    }
+
+
+def _spot_reservations_displaced(*, device_ids: list[int], start: datetime, end: datetime) -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(DISTINCT r.id) FROM device_bookings b"
+            " JOIN reservations_allocation a ON a.id = b.allocation_id"
+            " JOIN reservations_reservation r ON r.id = a.reservation_id"
+            " WHERE b.device_id = ANY(%s) AND b.during && tstzrange(%s, %s, '[)') AND r.spot",
+            [device_ids, start, end],
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+def capacity_preview(*, request: ReservationRequest, pool: Pool) -> dict[str, Any]:
+    """What `reservations/create` would do now, without writing anything or checking quota.
+
+    Up to 10 ranked candidates (one per node), or the members of the best gang;
+    with `binding: node` the whole nodes. A regular request that fits only by
+    displacing spot reservations gets `preemptible`: how many would get a
+    notice and when it would start, a count and never their ids.
+    """
+    from core.clock import to_millis
+    from reservations.placer.commit import plan_for_preview
+    from reservations.placer.plan import placement_window
+    from reservations.request import check_request_against_pool
+
+    check_request_against_pool(request, pool)
+    window = placement_window(request=request)
+    plan, displacing = plan_for_preview(request=request, pool=pool, window=window)
+    candidates: list[dict[str, Any]] = []
+    if plan.fits:
+        members = plan.options[0].members if request.gang_size else [o.members[0] for o in plan.options]
+        candidates = [{"nodeId": m.node_id, "atoms": list(m.atoms), "score": m.score} for m in members]
+    preemptible = None
+    if displacing is not None and displacing.fits:
+        best = displacing.options[0]
+        count = _spot_reservations_displaced(
+            device_ids=[i for m in best.members for i in m.device_ids],
+            start=displacing.window.start,
+            end=displacing.window.end,
+        )
+        preemptible = {"count": count, "startsAt": to_millis(displacing.window.start)}
+    reason = None
+    if plan.reason is not None and not plan.fits:
+        reason = {"code": plan.reason.code, "message": plan.reason.message}
+    return {
+        "fits": plan.fits,
+        "start": to_millis(plan.window.start),
+        "end": to_millis(plan.window.end),
+        "candidates": candidates,
+        "reason": reason,
+        "preemptible": preemptible,
     }

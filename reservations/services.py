@@ -13,9 +13,6 @@ the timeout. There is no sleep loop.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import logging
 import time
 from datetime import timedelta
@@ -23,12 +20,13 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
+from capacity.reconciler import reconcile_hook_register
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
 from inventory.models import Pool, Project
-from capacity.reconciler import reconcile_hook_register
 from reservations.models import Reservation
 from reservations.placer.commit import placement_charge, placement_commit, reservation_cut
 from reservations.placer.plan import placement_now, placement_window
+from reservations.request import canonical_request_digest
 from reservations.request_types import ReservationRequest
 
 logger = logging.getLogger(__name__)
@@ -39,11 +37,7 @@ IDEMPOTENCY_CONSTRAINT = "reservation_unique_idempotency_key"
 
 def request_digest(request: ReservationRequest) -> str:
     """The canonical digest of what the request asks for (not how long the client waits)."""
-    fields = dataclasses.asdict(request)
-    fields.pop("raw", None)
-    fields.pop("wait_timeout_ms", None)
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return canonical_request_digest(request)
 
 
 def _same_or_conflict(existing: Reservation, digest: str) -> Reservation:

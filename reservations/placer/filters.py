@@ -68,7 +68,8 @@ def sharing_mismatch(*, request: ReservationRequest, pool_sharing: str) -> str |
         if item.sharing is not None and item.sharing not in modes:
             return f"devices[{index}]: class {item.device_class} is not {item.sharing}"
         if pool_sharing not in modes:
-            return f"devices[{index}]: class {item.device_class} needs a {'/'.join(modes)} pool, this pool is {pool_sharing}"
+            needs = "/".join(modes)
+            return f"devices[{index}]: class {item.device_class} needs a {needs} pool, not {pool_sharing}"
     return None
 
 
@@ -121,7 +122,10 @@ def window_sql(window: Window, q: Params) -> str:
 def blocking_booking_sql(*, device: str, window_expr: str, displace: bool) -> str:
     """EXISTS a booking of `device` that overlaps the window and cannot be displaced."""
     if not displace:
-        return f"EXISTS (SELECT 1 FROM device_bookings b WHERE b.device_id = {device}.id AND b.during && {window_expr})"
+        return (
+            "EXISTS (SELECT 1 FROM device_bookings b"
+            f" WHERE b.device_id = {device}.id AND b.during && {window_expr})"
+        )
     # Only allocation bookings of a spot reservation may be displaced; a
     # layout-change booking (guard 2) or a regular reservation always blocks.
     return (
@@ -167,9 +171,10 @@ def eligible_nodes_sql(
     if exclude_node_ids:
         where.append(f"n.id <> ALL({q.p(list(exclude_node_ids), 'text[]')})")
     if request.binding == "node":
+        busy = blocking_booking_sql(device="wd", window_expr=window_expr, displace=displace)
         where.append(
             "NOT EXISTS (SELECT 1 FROM inventory_device wd WHERE wd.node_id = n.id AND wd.bookable"
-            f" AND (NOT wd.healthy OR {blocking_booking_sql(device='wd', window_expr=window_expr, displace=displace)}))"
+            f" AND (NOT wd.healthy OR {busy}))"
         )
     if request.gang_size:
         where.append(f"n.labels ? {q.p(gang_key(request))}")

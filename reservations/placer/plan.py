@@ -204,7 +204,8 @@ def placement_plan(
         sql = (
             f"{ctes},\n{scored},\n"
             f"ranked AS (SELECT node_id, score, labels ->> {key} AS gv,"
-            f" row_number() OVER (PARTITION BY labels ->> {key} ORDER BY score DESC, node_id) AS rn FROM scored)\n"
+            f" row_number() OVER (PARTITION BY labels ->> {key} ORDER BY score DESC, node_id) AS rn"
+            " FROM scored)\n"
             f"SELECT gv, array_agg(node_id ORDER BY rn) AS nodes, array_agg(score ORDER BY rn) AS scores,"
             f" round(avg(score), 2) AS score FROM ranked WHERE rn <= {size}"
             f" GROUP BY gv HAVING count(*) >= {size} ORDER BY score DESC, gv LIMIT {q.p(limit, 'int')}"

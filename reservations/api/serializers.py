@@ -1,0 +1,97 @@
+"""Input and output shapes of the reservations methods and `capacity/preview` (contract.md).
+
+The reservation request itself is `reservations.request.ReservationRequestSerializer`,
+shared by `reservations/create` and `capacity/preview`.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from core.api import (
+    RESERVATION_ID_REGEX,
+    StrictCharField,
+    StrictIntegerField,
+    StrictRegexField,
+    StrictSerializer,
+    pool_id_field,
+    tenant_id_field,
+)
+from reservations.models import ReservationState
+from reservations.selectors import DEFAULT_LIMIT, MAX_LIMIT
+
+
+class ReservationRefInput(StrictSerializer):
+    """`{tenantId, reservationId}`: get, release and renew."""
+
+    tenantId = tenant_id_field()
+    reservationId = StrictRegexField(RESERVATION_ID_REGEX, max_length=57, source="reservation_id")
+
+
+class ReservationListInput(StrictSerializer):
+    tenantId = tenant_id_field()
+    poolId = pool_id_field(required=False)
+    state = serializers.ChoiceField(choices=ReservationState.values, required=False)
+    limit = StrictIntegerField(min_value=1, max_value=MAX_LIMIT, required=False, default=DEFAULT_LIMIT)
+    cursor = StrictCharField(max_length=512, required=False, allow_null=True)
+
+
+class AllocationOutput(serializers.Serializer):
+    id = serializers.CharField()
+    nodeId = serializers.CharField()
+    atoms = serializers.ListField(child=serializers.CharField())
+    resources = serializers.DictField(child=serializers.IntegerField())
+
+
+class NoticeOutput(serializers.Serializer):
+    at = serializers.IntegerField()
+    endsAt = serializers.IntegerField()
+
+
+class ReservationOutput(serializers.Serializer):
+    """A reservation: times are epoch milliseconds; `notice` is set on a displaced spot reservation."""
+
+    id = serializers.CharField()
+    tenantId = serializers.CharField()
+    poolId = serializers.CharField()
+    projectId = serializers.CharField(allow_null=True)
+    state = serializers.ChoiceField(choices=ReservationState.values)
+    spot = serializers.BooleanField()
+    binding = serializers.CharField()
+    start = serializers.IntegerField()
+    end = serializers.IntegerField()
+    leaseExpiresAt = serializers.IntegerField(allow_null=True)
+    idempotencyKey = serializers.CharField()
+    createdAt = serializers.IntegerField()
+    allocations = AllocationOutput(many=True)
+    notice = NoticeOutput(allow_null=True)
+
+
+class ReservationListOutput(serializers.Serializer):
+    reservations = ReservationOutput(many=True)
+    nextCursor = serializers.CharField(allow_null=True)
+
+
+class CandidateOutput(serializers.Serializer):
+    nodeId = serializers.CharField()
+    atoms = serializers.ListField(child=serializers.CharField())
+    score = serializers.FloatField()
+
+
+class ReasonOutput(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class PreemptibleOutput(serializers.Serializer):
+    count = serializers.IntegerField()
+    startsAt = serializers.IntegerField()
+
+
+class PreviewOutput(serializers.Serializer):
+    fits = serializers.BooleanField()
+    start = serializers.IntegerField()
+    end = serializers.IntegerField()
+    candidates = CandidateOutput(many=True)
+    reason = ReasonOutput(allow_null=True)
+    preemptible = PreemptibleOutput(allow_null=True)

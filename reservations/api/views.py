@@ -1,0 +1,163 @@
+"""`reservations/{create,get,list,release,renew}` and `capacity/preview`.
+
+Each method: validate the body, decide (`core.decisions`), call one service or
+selector, serialize.
+"""
+
+from __future__ import annotations
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_input, rpc_output
+from core.authentication import principal_of
+from core.decisions import (
+    CAPACITY_READ,
+    RESERVATIONS_READ,
+    RESERVATIONS_WRITE,
+    decide_pool,
+    decide_tenant,
+)
+from reservations.api.serializers import (
+    PreviewOutput,
+    ReservationListInput,
+    ReservationListOutput,
+    ReservationOutput,
+    ReservationRefInput,
+)
+from reservations.request import ReservationRequestSerializer, parse_reservation_request
+from reservations.selectors import (
+    capacity_preview,
+    reservation_get,
+    reservation_list,
+    reservation_payload,
+)
+from reservations.services import reservation_create, reservation_release, reservation_renew
+
+CONFLICTS = {409: ErrorSerializer}
+
+
+def _reservation_response(tenant_id: str, reservation_id: str, *, status: int = 200) -> Response:
+    reservation = reservation_get(tenant_id=tenant_id, reservation_id=reservation_id)
+    return rpc_output(ReservationOutput, reservation_payload(reservation), status=status)
+
+
+class ReservationsViewSet(RpcViewSet):
+    """The reservations group."""
+
+    @rpc_action(
+        "create",
+        request=ReservationRequestSerializer,
+        response=ReservationOutput,
+        status=201,
+        errors=CONFLICTS,
+        summary="Place and book a reservation",
+        description=(
+            "Runs the placer and books the atoms in one transaction. 201 with the reservation; the same "
+            "`idempotencyKey` with the same request answers 200 with the same reservation, with a "
+            "different request CONFLICT. NO_CAPACITY (after `wait.timeoutMs`) carries the placer's reason; "
+            "QUOTA_EXCEEDED when the tenant's quota in the pool would be exceeded. Decided on the pool."
+        ),
+    )
+    def create_reservation(self, request: Request) -> Response:
+        body = parse_reservation_request(request.data)
+        principal = principal_of(request)
+        decide_pool(
+            principal=principal, tenant_id=body.tenant_id, pool_id=body.pool_id, permission=RESERVATIONS_WRITE
+        )
+        reservation, created = reservation_create(request=body, actor=principal.pk)
+        return _reservation_response(body.tenant_id, reservation.pk, status=201 if created else 200)
+
+    @rpc_action("get", request=ReservationRefInput, response=ReservationOutput, summary="One reservation")
+    def get_reservation(self, request: Request) -> Response:
+        data = rpc_input(request, ReservationRefInput)
+        decide_tenant(
+            principal=principal_of(request), tenant_id=data["tenant_id"], permission=RESERVATIONS_READ
+        )
+        return _reservation_response(data["tenant_id"], data["reservation_id"])
+
+    @rpc_action(
+        "list",
+        request=ReservationListInput,
+        response=ReservationListOutput,
+        summary="The tenant's reservations, newest first",
+        description="Cursor-paginated on (createdAt, id); `nextCursor` is null on the last page.",
+    )
+    def list_reservations(self, request: Request) -> Response:
+        data = rpc_input(request, ReservationListInput)
+        decide_tenant(
+            principal=principal_of(request), tenant_id=data["tenant_id"], permission=RESERVATIONS_READ
+        )
+        page, next_cursor = reservation_list(
+            tenant_id=data["tenant_id"],
+            pool_id=data.get("pool_id"),
+            state=data.get("state"),
+            limit=data["limit"],
+            cursor=data.get("cursor"),
+        )
+        return rpc_output(
+            ReservationListOutput,
+            {"reservations": [reservation_payload(r) for r in page], "nextCursor": next_cursor},
+        )
+
+    @rpc_action(
+        "release",
+        request=ReservationRefInput,
+        response=ReservationOutput,
+        summary="Release a reservation now",
+        description=(
+            "Its running bookings end at compute_now(), future ones are deleted; scalars, quota and "
+            "rollup counts are given back. Releasing twice answers the same."
+        ),
+    )
+    def release_reservation(self, request: Request) -> Response:
+        data = rpc_input(request, ReservationRefInput)
+        principal = principal_of(request)
+        decide_tenant(principal=principal, tenant_id=data["tenant_id"], permission=RESERVATIONS_WRITE)
+        reservation = reservation_get(tenant_id=data["tenant_id"], reservation_id=data["reservation_id"])
+        reservation_release(reservation=reservation, actor=principal.pk)
+        return _reservation_response(data["tenant_id"], reservation.pk)
+
+    @rpc_action(
+        "renew",
+        request=ReservationRefInput,
+        response=ReservationOutput,
+        errors=CONFLICTS,
+        summary="Renew a reservation's lease",
+        description=(
+            "A new `leaseExpiresAt`, `leaseSeconds` from now. CONFLICT without a lease or once ended."
+        ),
+    )
+    def renew_reservation(self, request: Request) -> Response:
+        data = rpc_input(request, ReservationRefInput)
+        principal = principal_of(request)
+        decide_tenant(principal=principal, tenant_id=data["tenant_id"], permission=RESERVATIONS_WRITE)
+        reservation = reservation_get(tenant_id=data["tenant_id"], reservation_id=data["reservation_id"])
+        reservation_renew(reservation=reservation, actor=principal.pk)
+        return _reservation_response(data["tenant_id"], reservation.pk)
+
+
+class PreviewViewSet(RpcViewSet):
+    """`capacity/preview`: the placer on a reservation request, nothing written."""
+
+    @rpc_action(
+        "preview",
+        request=ReservationRequestSerializer,
+        response=PreviewOutput,
+        summary="Would a reservation request fit now, and where?",
+        description=(
+            "The reservations.create input, validated the same way. Nothing is written and no quota is "
+            "checked. Up to 10 ranked candidates; with `gang` the members of the best gang; with "
+            "`binding: node` the whole nodes. `preemptible` gives how many spot reservations a regular "
+            "request would displace and when it would start, never their ids. Decided on the pool."
+        ),
+    )
+    def preview(self, request: Request) -> Response:
+        body = parse_reservation_request(request.data)
+        pool = decide_pool(
+            principal=principal_of(request),
+            tenant_id=body.tenant_id,
+            pool_id=body.pool_id,
+            permission=CAPACITY_READ,
+        )
+        return rpc_output(PreviewOutput, capacity_preview(request=body, pool=pool))
