@@ -121,16 +121,23 @@ SELECT id FROM pool_capacity_rollup
 """
 
 
-def _count_and_write_sql() -> str:
+def _count_and_write_sql(*, probe_atoms: bool) -> str:
     """Step 3: one statement that counts the pools and writes their rows.
 
     It is a new statement after the lock, so under READ COMMITTED it reads a
-    snapshot taken after the lock was granted. Bookings are read through the
-    GiST index on `during` (only those not yet over), then joined to the
-    pools' counted atoms; nodes through `node_pool`, devices through
-    `device_atoms`.
+    snapshot taken after the lock was granted. Nodes come through `node_pool`
+    and devices through `device_atoms`. Bookings not yet over are read in one
+    of two ways: for a whole fleet, one bitmap scan of the GiST index on
+    `(device_id, during)` for `during && [now, )`, hashed by device (cheap:
+    only live bookings); for one pool (`probe_atoms`), one probe of that index
+    per counted atom, so a small pool does not read the fleet's bookings.
     """
     bucket = bucket_sql("n", "p.owner_id")
+    atom_probe = (
+        f"AND b.device_id IN (SELECT a.id FROM atoms a WHERE a.bucket = '{SCHEDULABLE}' AND a.healthy)"
+        if probe_atoms
+        else ""
+    )
     return f"""
 WITH nodes AS MATERIALIZED (
     SELECT n.id, n.pool_id, {bucket} AS bucket
@@ -150,7 +157,7 @@ live_bookings AS (
            bool_or(lower(b.during) > compute_now()) AS booked_later
       FROM device_bookings b
      WHERE b.during && tstzrange(compute_now(), NULL)
-       AND b.device_id IN (SELECT a.id FROM atoms a WHERE a.bucket = '{SCHEDULABLE}' AND a.healthy)
+       {atom_probe}
      GROUP BY b.device_id
 ),
 atom_counts AS (
@@ -222,7 +229,8 @@ DELETE FROM pool_capacity_rollup old
 """
 
 
-_COUNT_AND_WRITE_SQL = _count_and_write_sql()
+_COUNT_ONE_POOL_SQL = _count_and_write_sql(probe_atoms=True)
+_COUNT_MANY_POOLS_SQL = _count_and_write_sql(probe_atoms=False)
 
 
 def _after_lock() -> None:
@@ -243,7 +251,7 @@ def _rebuild_pools(pool_ids: list[str]) -> None:
                 cursor.execute(_LOCK_ROWS_SQL, params)
                 cursor.fetchall()
                 _after_lock()
-                cursor.execute(_COUNT_AND_WRITE_SQL, params)
+                cursor.execute(_COUNT_ONE_POOL_SQL if len(pool_ids) == 1 else _COUNT_MANY_POOLS_SQL, params)
             return
         except OperationalError as error:
             if not _is_deadlock(error) or attempt == DEADLOCK_RETRIES:
