@@ -99,19 +99,29 @@ def daemon_deliver(*, reservation_id: str) -> bool:
 
 
 def daemon_shorten(*, reservation_id: str) -> None:
-    """Bring the node's record of a reservation in line with its bookings after a release or a notice."""
-    current = _bookings_of(reservation_id)
+    """Bring the node's record of a reservation in line with its (shortened) bookings.
+
+    Only what the node accepted is ever kept: rows are cut or dropped, never
+    added, so a refused assignment leaves no trace on the node.
+    """
+    current: dict[tuple[str, str], datetime] = {}
+    for (_node_id, allocation_id), assignments in _bookings_of(reservation_id).items():
+        for uid, _start, end in assignments:
+            current[(allocation_id, uid)] = end
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("DELETE FROM fake_daemon_assignments WHERE reservation_id = %s", [reservation_id])
-        for (node_id, allocation_id), assignments in sorted(current.items()):
-            for uid, start, end in assignments:
-                if end > start:
-                    cursor.execute(
-                        "INSERT INTO fake_daemon_assignments"
-                        " (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)"
-                        " VALUES (%s, %s, %s, %s, %s, %s)",
-                        [node_id, uid, reservation_id, allocation_id, start, end],
-                    )
+        cursor.execute(
+            "SELECT id, allocation_id, device_uid, starts_at, ends_at FROM fake_daemon_assignments"
+            " WHERE reservation_id = %s FOR UPDATE",
+            [reservation_id],
+        )
+        for row_id, allocation_id, uid, start, end in cursor.fetchall():
+            booked_end = current.get((allocation_id, uid))
+            if booked_end is None or booked_end <= start:
+                cursor.execute("DELETE FROM fake_daemon_assignments WHERE id = %s", [row_id])
+            elif booked_end < end:
+                cursor.execute(
+                    "UPDATE fake_daemon_assignments SET ends_at = %s WHERE id = %s", [booked_end, row_id]
+                )
 
 
 def daemon_holdings(*, device_uid: str) -> list[tuple[str, datetime, datetime]]:
