@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from decimal import Decimal
 
@@ -51,13 +52,13 @@ BUCKET_FIELDS = ("provisioning", "unhealthy", "maintenance", "unreachable")
 
 
 def gpus(node: Node, count: int, **fields: object) -> list[Device]:
-    return [DeviceFactory(node=node, **fields) for _ in range(count)]
+    return [DeviceFactory.create(node=node, **fields) for _ in range(count)]
 
 
 def book(device: Device, start: timedelta, end: timedelta, *, pool: Pool | None = None) -> DeviceBooking:
     """A booking of `device` for [now + start, now + end), on an allocation of its node."""
     now = compute_now()
-    allocation = AllocationFactory(node=device.node, reservation__pool=pool or device.node.pool)
+    allocation = AllocationFactory.create(node=device.node, reservation__pool=pool or device.node.pool)
     return DeviceBooking.objects.create(
         device=device, allocation=allocation, during=DateTimeTZRange(now + start, now + end)
     )
@@ -84,13 +85,15 @@ HOUR = timedelta(hours=1)
 
 @pytest.mark.django_db
 def test_scalars_count_the_floor_of_allocatable_times_ratio() -> None:
-    pool = PoolFactory()
-    first, second = NodeFactory(pool=pool), NodeFactory(pool=pool)
-    NodeResourceFactory(node=first, resource="vcpu", allocatable=7, ratio=Decimal("1.5"), allocated=3)
-    NodeResourceFactory(node=second, resource="vcpu", allocatable=5, ratio=Decimal("2.3"), allocated=2)
-    NodeResourceFactory(node=first, resource="memoryGiB", allocatable=10, ratio=Decimal("1.0"))
-    cordoned = NodeFactory(pool=pool, cordoned=True)
-    NodeResourceFactory(node=cordoned, resource="vcpu", allocatable=3, ratio=Decimal("1.5"), allocated=1)
+    pool = PoolFactory.create()
+    first, second = NodeFactory.create(pool=pool), NodeFactory.create(pool=pool)
+    NodeResourceFactory.create(node=first, resource="vcpu", allocatable=7, ratio=Decimal("1.5"), allocated=3)
+    NodeResourceFactory.create(node=second, resource="vcpu", allocatable=5, ratio=Decimal("2.3"), allocated=2)
+    NodeResourceFactory.create(node=first, resource="memoryGiB", allocatable=10, ratio=Decimal("1.0"))
+    cordoned = NodeFactory.create(pool=pool, cordoned=True)
+    NodeResourceFactory.create(
+        node=cordoned, resource="vcpu", allocatable=3, ratio=Decimal("1.5"), allocated=1
+    )
 
     rollup_rebuild(pool_id=pool.id)
 
@@ -108,10 +111,10 @@ def test_scalars_count_the_floor_of_allocatable_times_ratio() -> None:
 
 @pytest.mark.django_db
 def test_gpus_are_never_overcommitted() -> None:
-    pool = PoolFactory()
-    node = NodeFactory(pool=pool)
+    pool = PoolFactory.create()
+    node = NodeFactory.create(pool=pool)
     # A generous vcpu ratio on the node does not stretch its GPUs.
-    NodeResourceFactory(node=node, resource="vcpu", allocatable=8, ratio=Decimal("4.0"))
+    NodeResourceFactory.create(node=node, resource="vcpu", allocatable=8, ratio=Decimal("4.0"))
     devices = gpus(node, 2)
     book(devices[0], -HOUR, HOUR)
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -128,17 +131,19 @@ def test_gpus_are_never_overcommitted() -> None:
 
 @pytest.mark.django_db
 def test_total_is_allocatable_plus_the_four_buckets_in_every_row() -> None:
-    pool = PoolFactory()
-    healthy = NodeFactory(pool=pool)
+    pool = PoolFactory.create()
+    healthy = NodeFactory.create(pool=pool)
     gpus(healthy, 3)
     gpus(healthy, 1, healthy=False)
-    DeviceFactory(node=healthy, device_class="nic.vf", uid=f"{healthy.hostname}/0000:3b:00.2", attributes={})
-    NodeResourceFactory(node=healthy, resource="vcpu", allocatable=64)
-    gpus(NodeFactory(pool=pool, maintenance=True), 2)
-    gpus(NodeFactory(pool=pool, connectivity="disconnected"), 2)
-    gpus(NodeFactory(pool=pool, provision_state="deploying"), 2)
-    gpus(NodeFactory(pool=pool, noschedule_taints=1), 2)
-    gpus(NodeFactory(pool=pool, role="controller"), 2)
+    DeviceFactory.create(
+        node=healthy, device_class="nic.vf", uid=f"{healthy.hostname}/0000:3b:00.2", attributes={}
+    )
+    NodeResourceFactory.create(node=healthy, resource="vcpu", allocatable=64)
+    gpus(NodeFactory.create(pool=pool, maintenance=True), 2)
+    gpus(NodeFactory.create(pool=pool, connectivity="disconnected"), 2)
+    gpus(NodeFactory.create(pool=pool, provision_state="deploying"), 2)
+    gpus(NodeFactory.create(pool=pool, noschedule_taints=1), 2)
+    gpus(NodeFactory.create(pool=pool, role="controller"), 2)
 
     rows = rollup_rebuild(pool_id=pool.id)
 
@@ -158,10 +163,10 @@ def test_total_is_allocatable_plus_the_four_buckets_in_every_row() -> None:
 
 @pytest.mark.django_db
 def test_every_pool_gets_a_gpu_row_and_rows_of_resources_it_lost_go() -> None:
-    empty = PoolFactory(gpu_model="")
-    pool = PoolFactory()
-    node = NodeFactory(pool=pool)
-    mig = DeviceFactory(node=node, device_class="gpu.mig", attributes={"migProfile": "3g.40gb"})
+    empty = PoolFactory.create(gpu_model="")
+    pool = PoolFactory.create()
+    node = NodeFactory.create(pool=pool)
+    mig = DeviceFactory.create(node=node, device_class="gpu.mig", attributes={"migProfile": "3g.40gb"})
 
     assert rollup_rebuild_all() >= 2
     assert [r.resource for r in rollup_rebuild(pool_id=empty.id)] == ["gpu"]
@@ -174,8 +179,8 @@ def test_every_pool_gets_a_gpu_row_and_rows_of_resources_it_lost_go() -> None:
 
 @pytest.mark.django_db
 def test_moving_the_clock_moves_a_future_booking_from_reserved_to_allocated() -> None:
-    pool = PoolFactory()
-    (device,) = gpus(NodeFactory(pool=pool), 1)
+    pool = PoolFactory.create()
+    (device,) = gpus(NodeFactory.create(pool=pool), 1)
     book(device, 2 * HOUR, 3 * HOUR)
 
     rollup_rebuild(pool_id=pool.id)
@@ -194,8 +199,8 @@ def test_moving_the_clock_moves_a_future_booking_from_reserved_to_allocated() ->
 
 @pytest.mark.django_db
 def test_an_atom_booked_now_and_later_counts_in_both_allocated_and_reserved() -> None:
-    pool = PoolFactory()
-    first, second = gpus(NodeFactory(pool=pool), 2)
+    pool = PoolFactory.create()
+    first, second = gpus(NodeFactory.create(pool=pool), 2)
     book(first, -HOUR, HOUR)
     book(first, 2 * HOUR, 3 * HOUR)
     book(first, 4 * HOUR, 5 * HOUR)  # a second future booking still counts the atom once
@@ -209,8 +214,8 @@ def test_an_atom_booked_now_and_later_counts_in_both_allocated_and_reserved() ->
 
 @pytest.mark.django_db
 def test_bookings_on_atoms_outside_allocatable_are_not_counted() -> None:
-    pool = PoolFactory()
-    node = NodeFactory(pool=pool)
+    pool = PoolFactory.create()
+    node = NodeFactory.create(pool=pool)
     sick, well = gpus(node, 2)
     book(sick, -HOUR, HOUR)
     book(well, -HOUR, HOUR)
@@ -224,9 +229,9 @@ def test_bookings_on_atoms_outside_allocatable_are_not_counted() -> None:
 
 @pytest.mark.django_db
 def test_deltas_and_the_rebuild_agree() -> None:
-    pool = PoolFactory()
-    node = NodeFactory(pool=pool)
-    NodeResourceFactory(node=node, resource="vcpu", allocatable=64)
+    pool = PoolFactory.create()
+    node = NodeFactory.create(pool=pool)
+    NodeResourceFactory.create(node=node, resource="vcpu", allocatable=64)
     devices = gpus(node, 4)
     rollup_rebuild(pool_id=pool.id)
 
@@ -259,20 +264,20 @@ def snapshot_after_rebuild(pool: Pool) -> dict[tuple[str, str], tuple[int, ...]]
 
 @pytest.mark.django_db
 def test_by_gpu_model_sums_only_gpu_rows_and_puts_pools_without_a_model_under_other(
-    django_assert_max_num_queries: Callable[..., object],
+    django_assert_max_num_queries: Callable[[int], AbstractContextManager[object]],
 ) -> None:
-    acme, beta = TenantFactory(id="acme"), TenantFactory(id="beta")
-    h100_a = PoolFactory(owner=acme, gpu_model="H100", name="h100-a")
-    h100_b = PoolFactory(owner=beta, gpu_model="H100", name="h100-b")
-    OfferingFactory(pool=h100_b, tenant=acme)
-    plain = PoolFactory(owner=acme, gpu_model="", name="plain")
-    hidden = PoolFactory(owner=beta, gpu_model="H100", name="not-offered")
+    acme, beta = TenantFactory.create(id="acme"), TenantFactory.create(id="beta")
+    h100_a = PoolFactory.create(owner=acme, gpu_model="H100", name="h100-a")
+    h100_b = PoolFactory.create(owner=beta, gpu_model="H100", name="h100-b")
+    OfferingFactory.create(pool=h100_b, tenant=acme)
+    plain = PoolFactory.create(owner=acme, gpu_model="", name="plain")
+    hidden = PoolFactory.create(owner=beta, gpu_model="H100", name="not-offered")
     for pool, count in ((h100_a, 2), (h100_b, 3), (plain, 1), (hidden, 5)):
-        node = NodeFactory(pool=pool)
+        node = NodeFactory.create(pool=pool)
         gpus(node, count)
-        NodeResourceFactory(node=node, resource="vcpu", allocatable=100)
-        DeviceFactory(node=node, device_class="gpu.mig", attributes={})
-    book(Device.objects.filter(node__pool=h100_b, device_class="gpu").first(), -HOUR, HOUR)
+        NodeResourceFactory.create(node=node, resource="vcpu", allocatable=100)
+        DeviceFactory.create(node=node, device_class="gpu.mig", attributes={})
+    book(Device.objects.filter(node__pool=h100_b, device_class="gpu")[0], -HOUR, HOUR)
     rollup_rebuild_all()
 
     with django_assert_max_num_queries(3):
@@ -305,9 +310,9 @@ def test_by_gpu_model_sums_only_gpu_rows_and_puts_pools_without_a_model_under_ot
 
 @pytest.mark.django_db
 def test_archived_pools_appear_only_for_their_owner() -> None:
-    acme, beta = TenantFactory(id="acme"), TenantFactory(id="beta")
-    archived = PoolFactory(owner=acme, name="old", archived_at=compute_now())
-    OfferingFactory(pool=archived, tenant=beta)
+    acme, beta = TenantFactory.create(id="acme"), TenantFactory.create(id="beta")
+    archived = PoolFactory.create(owner=acme, name="old", archived_at=compute_now())
+    OfferingFactory.create(pool=archived, tenant=beta)
     rollup_rebuild_all()
     assert [p["archived"] for p in capacity_summary(tenant_id="acme")["pools"]] == [True]
     assert capacity_summary(tenant_id="beta")["pools"] == []
@@ -351,6 +356,10 @@ class Worker(threading.Thread):
         finally:
             connection.close()
 
+    def backend_pid(self) -> int:
+        assert self.pid is not None
+        return self.pid
+
     def join_ok(self) -> None:
         self.join(timeout=60)
         assert not self.is_alive()
@@ -358,10 +367,14 @@ class Worker(threading.Thread):
             raise self.error
 
 
+def rebuild_quietly(pool: Pool) -> None:
+    rollup_rebuild(pool_id=pool.id)
+
+
 @pytest.fixture
 def race_pool() -> Iterator[tuple[Pool, Device]]:
-    pool = PoolFactory()
-    (device,) = gpus(NodeFactory(pool=pool), 1)
+    pool = PoolFactory.create()
+    (device,) = gpus(NodeFactory.create(pool=pool), 1)
     rollup_rebuild(pool_id=pool.id)
     yield pool, device
 
@@ -371,7 +384,7 @@ def placement(device: Device, booked: threading.Event, commit: threading.Event) 
 
     def run() -> None:
         with transaction.atomic():
-            allocation = AllocationFactory(node=device.node, reservation__pool=device.node.pool)
+            allocation = AllocationFactory.create(node=device.node, reservation__pool=device.node.pool)
             with connection.cursor() as cursor:
                 cursor.execute(
                     "INSERT INTO device_bookings (device_id, allocation_id, purpose, during)"
@@ -395,11 +408,11 @@ def test_a_booking_that_locks_first_is_counted_once_by_a_racing_rebuild(
     booking = Worker(placement(device, booked, commit))
     booking.start()
     assert booked.wait(30)
-    rebuild = Worker(lambda: rollup_rebuild(pool_id=pool.id) and None)
+    rebuild = Worker(lambda: rebuild_quietly(pool))
     rebuild.start()
     assert rebuild.ready.wait(30)
     # The rebuild waits on the row the uncommitted booking updated...
-    wait_until_waiting_on_a_lock(rebuild.pid)
+    wait_until_waiting_on_a_lock(rebuild.backend_pid())
     commit.set()
     booking.join_ok()
     rebuild.join_ok()
@@ -420,7 +433,7 @@ def test_a_booking_that_comes_after_the_rebuild_locked_is_counted_once(
         assert resume.wait(30)
 
     monkeypatch.setattr(rollups, "_after_lock", pause_after_lock)
-    rebuild = Worker(lambda: rollup_rebuild(pool_id=pool.id) and None)
+    rebuild = Worker(lambda: rebuild_quietly(pool))
     rebuild.start()
     assert locked.wait(30)
     booked, commit = threading.Event(), threading.Event()
@@ -430,7 +443,7 @@ def test_a_booking_that_comes_after_the_rebuild_locked_is_counted_once(
     assert booking.ready.wait(30)
     # The booking's delta waits for the rebuild's row lock; the rebuild then
     # counts without the uncommitted booking, and the delta adds it after.
-    wait_until_waiting_on_a_lock(booking.pid)
+    wait_until_waiting_on_a_lock(booking.backend_pid())
     resume.set()
     rebuild.join_ok()
     booking.join_ok()
@@ -452,8 +465,8 @@ def hooks() -> Iterator[list[Callable[[], None]]]:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_advisory_lock_lets_only_one_of_two_reconcilers_run(hooks: list[Callable[[], None]]) -> None:
-    pool = PoolFactory()
-    gpus(NodeFactory(pool=pool), 2)
+    pool = PoolFactory.create()
+    gpus(NodeFactory.create(pool=pool), 2)
     inside, finish = threading.Event(), threading.Event()
 
     def slow_hook() -> None:
@@ -503,8 +516,8 @@ def test_reconcile_once_skips_while_another_session_holds_the_lock(hooks: list[C
 def test_hooks_run_before_the_rebuild_and_a_failing_hook_does_not_stop_it(
     hooks: list[Callable[[], None]],
 ) -> None:
-    pool = PoolFactory()
-    (device,) = gpus(NodeFactory(pool=pool), 1)
+    pool = PoolFactory.create()
+    (device,) = gpus(NodeFactory.create(pool=pool), 1)
     calls: list[str] = []
 
     def broken() -> None:
@@ -528,8 +541,8 @@ def test_hooks_run_before_the_rebuild_and_a_failing_hook_does_not_stop_it(
 
 @pytest.mark.django_db
 def test_the_loop_body_rebuilds_and_reports_progress(hooks: list[Callable[[], None]]) -> None:
-    pool = PoolFactory()
-    gpus(NodeFactory(pool=pool), 3)
+    pool = PoolFactory.create()
+    gpus(NodeFactory.create(pool=pool), 3)
     seen: list[tuple[int, int]] = []
 
     result = reconcile_pass(progress=lambda done, total: seen.append((done, total)))
@@ -542,8 +555,8 @@ def test_the_loop_body_rebuilds_and_reports_progress(hooks: list[Callable[[], No
 
 @pytest.mark.django_db
 def test_sigterm_stops_the_loop_after_the_current_pass(hooks: list[Callable[[], None]]) -> None:
-    pool = PoolFactory()
-    gpus(NodeFactory(pool=pool), 1)
+    pool = PoolFactory.create()
+    gpus(NodeFactory.create(pool=pool), 1)
     stop = threading.Event()
     restore = install_stop_handlers(stop)
     passes: list[PassResult] = []
@@ -566,7 +579,7 @@ def test_sigterm_stops_the_loop_after_the_current_pass(hooks: list[Callable[[], 
 
 @pytest.mark.django_db
 def test_the_rebuild_rollups_command_loop_exits_cleanly_on_sigterm(hooks: list[Callable[[], None]]) -> None:
-    PoolFactory()
+    PoolFactory.create()
 
     def terminate() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -584,8 +597,8 @@ def test_the_rebuild_rollups_command_loop_exits_cleanly_on_sigterm(hooks: list[C
 
 @pytest.mark.django_db
 def test_rebuild_rollups_once_and_for_one_pool() -> None:
-    pool = PoolFactory()
-    gpus(NodeFactory(pool=pool), 2)
+    pool = PoolFactory.create()
+    gpus(NodeFactory.create(pool=pool), 2)
     out = io.StringIO()
     call_command("rebuild_rollups", stdout=out)
     assert f"rebuilt {Pool.objects.count()} pools" in out.getvalue()
@@ -598,9 +611,9 @@ def test_rebuild_rollups_once_and_for_one_pool() -> None:
 
 @pytest.mark.django_db
 def test_capacity_command_prints_the_api_json_and_tables() -> None:
-    acme = TenantFactory(id="acme")
-    pool = PoolFactory(owner=acme, name="h100-east")
-    gpus(NodeFactory(pool=pool), 4)
+    acme = TenantFactory.create(id="acme")
+    pool = PoolFactory.create(owner=acme, name="h100-east")
+    gpus(NodeFactory.create(pool=pool), 4)
     rollup_rebuild_all()
 
     out = io.StringIO()

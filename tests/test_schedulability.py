@@ -104,18 +104,18 @@ def expected_vcpu_row(c: Case) -> dict[str, int] | None:
 
 
 def make_node(c: Case) -> Node:
-    owner = TenantFactory(id=OWNER)
-    TenantFactory(id=OTHER)
-    pool = PoolFactory(owner=owner)
+    owner = TenantFactory.create(id=OWNER)
+    TenantFactory.create(id=OTHER)
+    pool = PoolFactory.create(owner=owner)
     fields = dict(c.fields)
     if "owner" in fields:
         fields["owner_id"] = fields.pop("owner")
-    node = NodeFactory(pool=pool, **fields)
+    node = NodeFactory.create(pool=pool, **fields)
     for index in range(GPU_COUNT):
-        DeviceFactory(node=node, healthy=index >= c.unhealthy_atoms)
+        DeviceFactory.create(node=node, healthy=index >= c.unhealthy_atoms)
     # An unbookable MIG parent is not an atom: never counted anywhere.
-    DeviceFactory(node=node, bookable=False)
-    NodeResourceFactory(node=node, resource="vcpu", allocatable=VCPU)
+    DeviceFactory.create(node=node, bookable=False)
+    NodeResourceFactory.create(node=node, resource="vcpu", allocatable=VCPU)
     return node
 
 
@@ -162,15 +162,15 @@ def test_the_node_lands_in_its_bucket_and_the_rollup_shows_it(c: Case) -> None:
 @pytest.mark.django_db
 def test_sql_and_python_agree_for_every_case_in_one_pool() -> None:
     """All the table's nodes side by side: one query classifies them as Python does, node by node."""
-    owner = TenantFactory(id=OWNER)
-    TenantFactory(id=OTHER)
-    pool = PoolFactory(owner=owner)
+    owner = TenantFactory.create(id=OWNER)
+    TenantFactory.create(id=OTHER)
+    pool = PoolFactory.create(owner=owner)
     expected: dict[str, str] = {}
     for c in CASES:
         fields = dict(c.fields)
         if "owner" in fields:
             fields["owner_id"] = fields.pop("owner")
-        node = NodeFactory(pool=pool, **fields)
+        node = NodeFactory.create(pool=pool, **fields)
         expected[node.id] = c.bucket
     with connection.cursor() as cursor:
         cursor.execute(
@@ -185,13 +185,13 @@ def test_sql_and_python_agree_for_every_case_in_one_pool() -> None:
 
 @pytest.mark.django_db
 def test_a_node_of_a_pool_owned_by_its_owner_is_trusted_only_in_that_pool() -> None:
-    owner = TenantFactory(id=OWNER)
-    other = TenantFactory(id=OTHER)
-    own_pool, their_pool = PoolFactory(owner=owner), PoolFactory(owner=other)
-    mine = NodeFactory(pool=own_pool, trust="tenant-owned", owner=owner)
-    moved = NodeFactory(pool=their_pool, trust="tenant-owned", owner=owner)
+    owner = TenantFactory.create(id=OWNER)
+    other = TenantFactory.create(id=OTHER)
+    own_pool, their_pool = PoolFactory.create(owner=owner), PoolFactory.create(owner=other)
+    mine = NodeFactory.create(pool=own_pool, trust="tenant-owned", owner=owner)
+    moved = NodeFactory.create(pool=their_pool, trust="tenant-owned", owner=owner)
     for node in (mine, moved):
-        DeviceFactory(node=node)
+        DeviceFactory.create(node=node)
     rollup_rebuild(pool_id=own_pool.id)
     rollup_rebuild(pool_id=their_pool.id)
     assert PoolCapacityRollup.objects.get(pool=own_pool, resource="gpu").allocatable == 1
