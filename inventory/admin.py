@@ -32,6 +32,7 @@ from core.errors import DomainError
 from inventory.admin_selectors import (
     GPU_ATOM_CLASSES,
     NodeChange,
+    node_allocatable_atoms,
     node_allocatable_gpus,
     node_atoms,
     node_audit_trail,
@@ -695,7 +696,7 @@ class NodeAdmin(admin.ModelAdmin):
             actor = admin_actor(request)
             for node in nodes:
                 before = node_operator_state(node=node)
-                bucket_before, gpus_before = node_bucket(node), node_allocatable_gpus(node=node)
+                bucket_before, atoms_before = node_bucket(node), node_allocatable_atoms(node=node)
                 try:
                     operation.call(node, form.cleaned_data, actor)
                 except DomainError as exc:
@@ -707,8 +708,8 @@ class NodeAdmin(admin.ModelAdmin):
                         node=node,
                         bucket_before=bucket_before,
                         bucket_after=node_bucket(node),
-                        gpus_before=gpus_before,
-                        gpus_after=node_allocatable_gpus(node=node),
+                        atoms_before=atoms_before,
+                        atoms_after=node_allocatable_atoms(node=node),
                         changed=node_operator_state(node=node) != before,
                     )
                 )
@@ -749,7 +750,7 @@ class NodeAdmin(admin.ModelAdmin):
         if request.method == "POST" and form.is_valid():
             from inventory import operations as ops
 
-            before = node_allocatable_gpus(node=node)
+            before = node_allocatable_atoms(node=node)
             healthy = form.cleaned_data["healthy"]
             try:
                 ops.device_set_health(
@@ -763,7 +764,7 @@ class NodeAdmin(admin.ModelAdmin):
             else:
                 node.refresh_from_db()
                 change = NodeChange(
-                    node, node_bucket(node), node_bucket(node), before, node_allocatable_gpus(node=node)
+                    node, node_bucket(node), node_bucket(node), before, node_allocatable_atoms(node=node)
                 )
                 state = "healthy" if healthy else "unhealthy"
                 self.message_user(

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from capacity.schedulability import SCHEDULABLE, node_bucket
 from core.models import AuditEvent
@@ -21,17 +21,26 @@ from inventory.models import Device, Node
 GPU_ATOM_CLASSES = ("gpu", "gpu.mig", "gpu.slot")
 
 
-def node_allocatable_gpus(*, node: Node) -> int:
-    """GPU atoms this node adds to `allocatable` now: healthy bookable gpu atoms, if schedulable.
+def node_allocatable_atoms(*, node: Node) -> dict[str, int]:
+    """GPU atoms per class (`gpu`, `gpu.mig`, `gpu.slot`) this node adds to `allocatable` now.
 
-    The same rule as the rebuild's: a node outside the `schedulable` bucket
-    contributes nothing, whatever its devices' health.
+    The same rule as the rebuild's: healthy, bookable atoms, and only while the
+    node is in the `schedulable` bucket; otherwise the node contributes nothing.
     """
     if node_bucket(node) != SCHEDULABLE:
-        return 0
-    return Device.objects.filter(
-        node=node, device_class__in=GPU_ATOM_CLASSES, bookable=True, healthy=True
-    ).count()
+        return {}
+    rows = (
+        Device.objects.filter(node=node, device_class__in=GPU_ATOM_CLASSES, bookable=True, healthy=True)
+        .values_list("device_class")
+        .annotate(n=Count("id"))
+        .order_by("device_class")
+    )
+    return {cls: n for cls, n in rows}
+
+
+def node_allocatable_gpus(*, node: Node) -> int:
+    """All GPU atoms (whole GPUs, MIG instances, slots) this node adds to `allocatable` now."""
+    return sum(node_allocatable_atoms(node=node).values())
 
 
 @dataclass(frozen=True)
@@ -41,29 +50,36 @@ class NodeChange:
     node: Node
     bucket_before: str
     bucket_after: str
-    gpus_before: int
-    gpus_after: int
+    atoms_before: dict[str, int]
+    atoms_after: dict[str, int]
     changed: bool = True
 
     @property
     def gpu_delta(self) -> int:
-        return self.gpus_after - self.gpus_before
+        return sum(self.atoms_after.values()) - sum(self.atoms_before.values())
 
 
 def node_change_summary(changes: list[NodeChange]) -> str:
-    """One sentence: how many nodes, how many GPUs left or joined allocatable."""
-    delta = sum(c.gpu_delta for c in changes)
-    moved = [c for c in changes if c.bucket_before != c.bucket_after]
-    if delta < 0:
-        gpus = f"{-delta} GPU{'s' if -delta != 1 else ''} left allocatable"
-    elif delta > 0:
-        gpus = f"{delta} GPU{'s' if delta != 1 else ''} joined allocatable"
+    """One sentence: how many GPU atoms left or joined allocatable, by class when not all whole GPUs."""
+    by_class: dict[str, int] = {}
+    for c in changes:
+        for cls in set(c.atoms_before) | set(c.atoms_after):
+            by_class[cls] = by_class.get(cls, 0) + c.atoms_after.get(cls, 0) - c.atoms_before.get(cls, 0)
+    by_class = {cls: n for cls, n in sorted(by_class.items()) if n}
+    delta = sum(by_class.values())
+    noun = "GPU" if set(by_class) <= {"gpu"} else "GPU atom"
+    if delta:
+        count = abs(delta)
+        gpus = f"{count} {noun}{'s' if count != 1 else ''} {'left' if delta < 0 else 'joined'} allocatable"
+        if noun != "GPU":
+            gpus += " [" + ", ".join(f"{abs(n)} {cls}" for cls, n in by_class.items()) + "]"
     else:
         gpus = "allocatable GPUs unchanged"
+    moved = [c for c in changes if c.bucket_before != c.bucket_after]
     buckets = ", ".join(f"{c.node.hostname}: {c.bucket_before} → {c.bucket_after}" for c in moved[:5])
     if len(moved) > 5:
         buckets += f", and {len(moved) - 5} more"
-    return f"{gpus}" + (f" ({buckets})" if buckets else "")
+    return gpus + (f" ({buckets})" if buckets else "")
 
 
 def node_operator_state(*, node: Node) -> tuple[Any, ...]:
@@ -98,6 +114,23 @@ class AtomRow:
     current: BookingRef | None
     next: BookingRef | None
     children: list[AtomRow] = field(default_factory=list)
+
+    @property
+    def description(self) -> str:
+        """Model or MIG profile and memory, e.g. 'H100 · 80 GiB' or '3g.40gb · 40 GiB'."""
+        attrs = self.device.attributes or {}
+        parts = [str(attrs.get("migProfile") or attrs.get("gpuModel") or attrs.get("media") or "")]
+        memory = attrs.get("vramGiB") or attrs.get("memoryGiB") or attrs.get("sizeGiB")
+        if memory:
+            parts.append(f"{memory} GiB")
+        if attrs.get("linkGbps"):
+            parts.append(f"{attrs['linkGbps']} Gb/s")
+        return " · ".join(p for p in parts if p)
+
+    @property
+    def numa(self) -> str:
+        value = (self.device.attributes or {}).get("numaNode")
+        return "" if value is None else str(value)
 
 
 # One query for every device of a node with its current and next booking: two
