@@ -354,7 +354,7 @@ def rpc_action(
     def decorate(func: F) -> F:
         responses: dict[int, Any] = {status: response, **ERROR_RESPONSES, **(errors or {})}
         # extend_schema goes on the outside, as drf-spectacular documents for actions.
-        routed = action(detail=False, methods=["post"], url_path=method)(func)
+        routed: Any = action(detail=False, methods=["post"], url_path=method)(func)
         text = description or func.__doc__ or ""
         decorated: F = extend_schema(request=request, responses=responses, summary=summary, description=text)(
             routed

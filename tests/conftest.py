@@ -29,41 +29,45 @@ def bearer_client(token: str) -> APIClient:
 @pytest.fixture
 def owner_tenant(db: Any) -> Tenant:
     """Owns `owned_pool` and `archived_pool`."""
-    return TenantFactory(id="acme", name="Acme Corp")
+    return TenantFactory.create(id="acme", name="Acme Corp")
 
 
 @pytest.fixture
 def offered_tenant(db: Any) -> Tenant:
     """Is offered `owned_pool` (and `archived_pool`, which it must not see)."""
-    return TenantFactory(id="beta", name="Beta Labs")
+    return TenantFactory.create(id="beta", name="Beta Labs")
 
 
 @pytest.fixture
 def outsider_tenant(db: Any) -> Tenant:
     """Neither owns nor is offered anything."""
-    return TenantFactory(id="gamma", name="Gamma Inc")
+    return TenantFactory.create(id="gamma", name="Gamma Inc")
 
 
 @pytest.fixture
 def owned_pool(owner_tenant: Tenant, offered_tenant: Tenant) -> Pool:
-    pool = PoolFactory(owner=owner_tenant, name="h100-east", gpu_model="H100")
-    OfferingFactory(pool=pool, tenant=offered_tenant)
+    pool = PoolFactory.create(owner=owner_tenant, name="h100-east", gpu_model="H100")
+    OfferingFactory.create(pool=pool, tenant=offered_tenant)
     return pool
 
 
 @pytest.fixture
 def archived_pool(owner_tenant: Tenant, offered_tenant: Tenant) -> Pool:
-    pool = PoolFactory(owner=owner_tenant, name="h100-old", gpu_model="H100", archived_at=timezone.now())
-    OfferingFactory(pool=pool, tenant=offered_tenant)
+    pool = PoolFactory.create(
+        owner=owner_tenant, name="h100-old", gpu_model="H100", archived_at=timezone.now()
+    )
+    OfferingFactory.create(pool=pool, tenant=offered_tenant)
     return pool
 
 
 @pytest.fixture
 def gpu_node(owned_pool: Pool) -> Node:
     """A schedulable host in `owned_pool` with eight whole H100s."""
-    node = NodeFactory(pool=owned_pool, hostname="gpu-a-001")
+    node = NodeFactory.create(pool=owned_pool, hostname="gpu-a-001")
     for index in range(8):
-        DeviceFactory(node=node, attributes={"gpuModel": "H100", "vramGiB": 80, "numaNode": index // 4})
+        DeviceFactory.create(
+            node=node, attributes={"gpuModel": "H100", "vramGiB": 80, "numaNode": index // 4}
+        )
     return node
 
 

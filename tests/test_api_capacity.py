@@ -155,7 +155,7 @@ def test_the_owner_sees_its_archived_pool(owner_client: APIClient, archived_pool
 def test_summary_lists_owned_and_offered_pools_and_sums_gpu_rows_per_model(
     owner_client: APIClient, offered_client: APIClient, owned_pool: Pool, archived_pool: Pool
 ) -> None:
-    other = PoolFactory(owner=owned_pool.owner, name="cpu-only", gpu_model="")
+    other = PoolFactory.create(owner=owned_pool.owner, name="cpu-only", gpu_model="")
     rollup(owned_pool, "gpu", allocatable=8, allocated=2)
     rollup(owned_pool, "gpu.mig", allocatable=70)
     rollup(archived_pool, "gpu", allocatable=4)
@@ -250,10 +250,11 @@ def test_by_pool_refuses_a_bad_pool_id(
 def test_the_longest_valid_ids_are_accepted(api_client_for: ClientFor) -> None:
     from tests.factories import TenantFactory
 
-    tenant = TenantFactory(id="t" * 128)
-    client = api_client_for(tenant.id, "viewer")
-    assert post(client, SUMMARY, {"tenantId": tenant.id})[0] == 200
-    status, body = post(client, BY_POOL, {"tenantId": tenant.id, "poolId": "pool_" + "0" * 52})
+    tenant_id = "t" * 128
+    TenantFactory.create(id=tenant_id)
+    client = api_client_for(tenant_id, "viewer")
+    assert post(client, SUMMARY, {"tenantId": tenant_id})[0] == 200
+    status, body = post(client, BY_POOL, {"tenantId": tenant_id, "poolId": "pool_" + "0" * 52})
     assert_error(status, body, "NOT_FOUND", 404)
 
 
@@ -278,9 +279,7 @@ def test_every_bad_field_is_named_at_once(owner_client: APIClient) -> None:
 # --- The body itself ----------------------------------------------------------------------
 
 
-def raw_post(
-    client: APIClient, path: str, data: bytes | str, content_type: str
-) -> tuple[int, dict[str, Any]]:
+def raw_post(client: APIClient, path: str, data: str, content_type: str) -> tuple[int, dict[str, Any]]:
     response = client.generic("POST", path, data, content_type=content_type)
     return response.status_code, response.json()
 
@@ -299,7 +298,7 @@ def test_a_json_body_that_is_not_an_object_is_invalid_input(owner_client: APICli
 
 @pytest.mark.django_db
 def test_an_empty_body_is_invalid_input(owner_client: APIClient) -> None:
-    assert invalid_fields(*raw_post(owner_client, SUMMARY, b"", "application/json")) == {"body"}
+    assert invalid_fields(*raw_post(owner_client, SUMMARY, "", "application/json")) == {"body"}
 
 
 @pytest.mark.django_db

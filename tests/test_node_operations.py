@@ -145,9 +145,11 @@ def test_maintenance_on_and_off(gpu_node: Node) -> None:
 
 @pytest.mark.django_db
 def test_device_health_flips_and_a_partitioned_gpu_takes_its_atoms_along(gpu_node: Node) -> None:
-    parent = DeviceFactory(node=gpu_node, bookable=False)
+    parent = DeviceFactory.create(node=gpu_node, bookable=False)
     mig = [
-        DeviceFactory(node=gpu_node, parent=parent, device_class="gpu.mig", uid=f"{parent.uid}/gi{i}/ci0")
+        DeviceFactory.create(
+            node=gpu_node, parent=parent, device_class="gpu.mig", uid=f"{parent.uid}/gi{i}/ci0"
+        )
         for i in (1, 2)
     ]
 
@@ -240,7 +242,7 @@ def _fresh(node_pk: str) -> Node:
     ],
 )
 def test_node_operations_wait_for_a_placer_holding_the_node_for_share(operation: Any) -> None:
-    node = NodeFactory()
+    node = NodeFactory.create()
     with transaction.atomic(), connection.cursor() as cursor:
         # What the placer does before it books (guard 4).
         cursor.execute("SELECT 1 FROM inventory_node WHERE id = %s FOR SHARE", [node.pk])
@@ -253,7 +255,7 @@ def test_node_operations_wait_for_a_placer_holding_the_node_for_share(operation:
 
 @pytest.mark.django_db(transaction=True)
 def test_device_health_waits_for_a_placer_holding_the_atom_for_share() -> None:
-    device = DeviceFactory()
+    device = DeviceFactory.create()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM inventory_device WHERE id = %s FOR SHARE", [device.pk])
         error = _run_in_thread(
@@ -267,7 +269,7 @@ def test_device_health_waits_for_a_placer_holding_the_atom_for_share() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_taints_on_one_node_keep_the_counter_exact() -> None:
-    node = NodeFactory()
+    node = NodeFactory.create()
     workers = 6
     barrier = threading.Barrier(workers)
     errors: list[BaseException] = []
@@ -463,7 +465,9 @@ def a_report(hostname: str) -> dict[str, Any]:
 
 @pytest.mark.django_db
 def test_a_node_agent_can_report_but_not_cordon(node_agent_client: APIClient) -> None:
-    node = NodeFactory(pool=PoolFactory(owner=TenantFactory(id="acme")), hostname="gpu-b-001")
+    node = NodeFactory.create(
+        pool=PoolFactory.create(owner=TenantFactory.create(id="acme")), hostname="gpu-b-001"
+    )
 
     status, body = post(
         node_agent_client, "inventory/report", {"nodeId": node.pk, "report": a_report("gpu-b-001")}
