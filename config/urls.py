@@ -14,7 +14,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     # Last: any other /api/ URL answers the JSON envelope, even with DEBUG on
     # (where handler404 is not used), so clients never parse an HTML page.
-    re_path(r"^api/", api_not_found),
+    # `api/docs` and `api/schema` without their slash still get redirected.
+    re_path(r"^api/(?!docs$|schema$)", api_not_found),
 ]
 
 # Outside /api/ these fall back to Django's own pages (the admin).

@@ -156,7 +156,7 @@ class ErrorDetailSerializer(serializers.Serializer):
 class ErrorSerializer(serializers.Serializer):
     """`{"error": {"code", "message", "details": [{"field", "message"}]}}`."""
 
-    class _Error(serializers.Serializer):
+    class ErrorBodySerializer(serializers.Serializer):
         code = serializers.ChoiceField(
             choices=[
                 "INVALID_INPUT",
@@ -172,7 +172,7 @@ class ErrorSerializer(serializers.Serializer):
         message = serializers.CharField()
         details = ErrorDetailSerializer(many=True)
 
-    error = _Error()
+    error = ErrorBodySerializer()
 
 
 # --- Strict input ---------------------------------------------------------------

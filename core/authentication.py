@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from datetime import timedelta
 from typing import Any
 
-from django.db.models import Func, Q
+from django.db.models import DateTimeField, Func, Q, Value
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
@@ -14,6 +15,7 @@ from rest_framework.request import Request
 from core.errors import Unauthenticated
 from core.models import ApiToken, Principal
 
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 TOKEN_PREFIX = "bc_"  # noqa: S105 (a public prefix, not a secret)
 
 
@@ -44,6 +46,11 @@ class BearerTokenAuthentication(BaseAuthentication):
         )
         if row is None or not hmac.compare_digest(row.digest, digest):
             raise Unauthenticated("a valid bearer token is required")
+        # At most one write per token per minute, and a guarded one: a busy
+        # client does not turn every read into a row update.
+        now = Func(function="compute_now", output_field=DateTimeField())
+        stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - Value(LAST_USED_RESOLUTION))
+        ApiToken.objects.filter(stale, pk=row.pk).update(last_used_at=now)
         return row.principal, row
 
     def authenticate_header(self, request: Request) -> str:

@@ -195,3 +195,21 @@ def test_issue_token_command_refuses_wrong_bindings_and_expiries(
     with pytest.raises(CommandError):
         run_issue_token(*args)
     assert not ApiToken.objects.exists()
+
+
+@pytest.mark.django_db
+def test_use_is_recorded_at_most_once_a_minute(owner_tenant: Tenant) -> None:
+    token, secret = token_issue(tenant_id=owner_tenant.id, role="viewer")
+    client = bearer_client(secret)
+    assert token.last_used_at is None
+
+    summary_as(client)
+    first = ApiToken.objects.get(pk=token.pk).last_used_at
+    assert first is not None
+    summary_as(client)
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == first
+
+    set_clock_offset(timedelta(minutes=5), local=True)
+    summary_as(client)
+    later = ApiToken.objects.get(pk=token.pk).last_used_at
+    assert later is not None and later > first
