@@ -55,7 +55,7 @@ def reservation_state(reservation: Reservation) -> str:
         return str(annotated)
     row = (
         _with_state(Reservation.objects.filter(pk=reservation.pk))
-        .values_list("derived_state", flat=True)
+        .values_list("derived_state", flat=True)  # type: ignore[misc]
         .first()
     )
     return str(row or reservation.state)
@@ -103,7 +103,7 @@ def reservation_list(
     if pool_id:
         queryset = queryset.filter(pool_id=pool_id)
     if state:
-        queryset = queryset.filter(derived_state=state)
+        queryset = queryset.filter(derived_state=state)  # type: ignore[misc]
     if cursor:
         created_at, last_id = decode_cursor(cursor)
         queryset = queryset.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=last_id))

@@ -268,9 +268,33 @@ def _now_expr() -> Any:
 
 # The capacity reconciler runs this on every pass (registering twice is a no-op;
 # `ReservationsConfig.ready` imports this module so the hook is there in every process).
+def reservation_settle_ended(*, limit: int = 500) -> int:
+    """Give back the scalars and quota of reservations that ran to their end; return how many.
+
+    Their bookings stay as they are (history); only the claims that were held
+    for the duration are returned, once (the allocations' `released` flag).
+    """
+    settled = 0
+    while True:
+        with transaction.atomic():
+            now = placement_now()
+            due = list(
+                Reservation.objects.select_for_update(skip_locked=True)
+                .filter(state__in=["scheduled", "active"], ends_at__lte=_now_expr())
+                .order_by("ends_at")[:limit]
+            )
+            for reservation in due:
+                reservation_cut(reservation_id=reservation.pk, at=reservation.ends_at, now=now)
+            Reservation.objects.filter(pk__in=[r.pk for r in due]).update(state="ended")
+        settled += len(due)
+        if len(due) < limit:
+            return settled
+
+
 def lease_expire_hook() -> None:
-    """The reconciler hook: release every due lease."""
+    """The reconciler hook: release every due lease, then settle reservations that ended."""
     lease_expire_due()
+    reservation_settle_ended()
 
 
 reconcile_hook_register(lease_expire_hook)

@@ -401,3 +401,25 @@ def test_wait_timeout_ends_in_no_capacity_without_a_release() -> None:
 def test_the_api_body_parses_into_the_request_the_placer_takes(owned_pool: Pool) -> None:
     request = parse_reservation_request(body(owned_pool, "acme", duration="90m", spot=True))
     assert request.duration_seconds == 5400 and request.spot and request.devices[0].count == 2
+
+
+@pytest.mark.django_db
+def test_a_reservation_that_ran_to_its_end_gives_back_quota_and_scalars(owned_pool: Pool) -> None:
+    node = make_node(owned_pool, gpus=2, resources={"vcpu": 16})
+    QuotaUsageFactory(pool=owned_pool, tenant=owned_pool.owner, resource="gpu", max=2)
+    reservation, _ = reservation_create(
+        request=gpu_request(owned_pool, 2, resources={"vcpu": 4}, duration_seconds=600), actor="t"
+    )
+    from capacity.models import QuotaUsage
+
+    assert QuotaUsage.objects.get(pool=owned_pool).used == 2
+    set_clock_offset(timedelta(minutes=11), local=True)
+    services.lease_expire_hook()
+    reservation.refresh_from_db()
+    assert reservation.state == "ended"
+    assert QuotaUsage.objects.get(pool=owned_pool).used == 0
+    assert NodeResource.objects.get(node=node).allocated == 0
+    # The bookings are history, untouched.
+    assert DeviceBooking.objects.filter(allocation__reservation=reservation).count() == 2
+    # And the tenant can book again.
+    assert reservation_create(request=gpu_request(owned_pool, 2), actor="t")[1]

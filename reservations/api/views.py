@@ -6,6 +6,7 @@ selector, serialize.
 
 from __future__ import annotations
 
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -34,7 +35,7 @@ from reservations.selectors import (
 )
 from reservations.services import reservation_create, reservation_release, reservation_renew
 
-CONFLICTS = {409: ErrorSerializer}
+CONFLICTS: dict[int, type[serializers.Serializer]] = {409: ErrorSerializer}
 
 
 def _reservation_response(tenant_id: str, reservation_id: str, *, status: int = 200) -> Response:

@@ -91,6 +91,7 @@ def selector_sql(selector: Selector, q: Params, *, d: str = "d", n: str = "n") -
     """
     clauses: list[str] = []
     for name, ops in sorted(selector.items()):
+        kind: type
         if name.startswith(NODE_LABEL_PREFIX):
             column, key_name, kind = f"{n}.labels", name[len(NODE_LABEL_PREFIX) :], str
         else:
