@@ -37,6 +37,7 @@ def token_issue(
     name: str = "",
     expires_in_seconds: int | None = None,
     principal: Principal | None = None,
+    actor: str = "system",
 ) -> tuple[ApiToken, str]:
     """Create a token (and its principal and role binding); return the row and the plaintext, shown once.
 
@@ -77,7 +78,7 @@ def token_issue(
             expires_at=expires_at,
         )
         audit_record(
-            actor="system",
+            actor=actor,
             action="token.issue",
             subject_type="token",
             subject_id=token.pk,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -43,7 +44,11 @@ class Command(BaseCommand):
                 raise CommandError(f"--expires: {exc}") from exc
         try:
             token, secret = token_issue(
-                tenant_id=tenant_id, role=role, name=options["name"], expires_in_seconds=expires_in
+                tenant_id=tenant_id,
+                role=role,
+                name=options["name"],
+                expires_in_seconds=expires_in,
+                actor=f"cli:{getpass.getuser()}",
             )
         except InvalidInput as exc:
             raise CommandError(exc.message) from exc
