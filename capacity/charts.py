@@ -96,7 +96,7 @@ def rollup_bar_svg(*, row: Any, width: int = 320, height: int = 18, legend: bool
         if w >= 22:
             out.append(
                 f'<text x="{x + w / 2:.2f}" y="{height - 5}" font-size="11" font-family="sans-serif" '
-                f'text-anchor="middle" fill="#fff" stroke="#000" stroke-width="2.5" '
+                f'text-anchor="middle" font-weight="bold" fill="#111" stroke="#fff" stroke-width="3" '
                 f'paint-order="stroke">{value}</text>'
             )
         x += w
@@ -110,10 +110,15 @@ def rollup_bar_svg(*, row: Any, width: int = 320, height: int = 18, legend: bool
 
 
 def _bar_summary(row: Any) -> str:
-    return (
+    """The bar in words: the usable numbers, then every non-empty bucket."""
+    text = (
         f"{row.allocated} allocated · {row.reserved} reserved · {row.available} available"
-        f" of {row.allocatable} allocatable ({row.total} total)"
+        f" of {row.allocatable} allocatable"
     )
+    buckets = [f"{getattr(row, seg.key)} {seg.label}" for seg in SEGMENTS[3:] if getattr(row, seg.key, 0)]
+    if buckets:
+        text += " · " + " · ".join(buckets)
+    return f"{text} ({row.total} total)"
 
 
 def legend_html() -> SafeString:
@@ -142,7 +147,7 @@ def timeline_svg(*, timeline: dict[str, Any], width: int = 860, height: int = 26
     """
     buckets = list(timeline.get("buckets") or [])
     allocatable = int(timeline.get("allocatable") or 0)
-    left, right, top, bottom = 44, 12, 28, 46
+    left, right, top, bottom = 44, 12, 36, 46
     plot_w = width - left - right
     plot_h = height - top - bottom
     peak = max([allocatable] + [int(b.get("booked", 0)) + int(b.get("free", 0)) for b in buckets] + [1])
@@ -193,8 +198,9 @@ def timeline_svg(*, timeline: dict[str, Any], width: int = 860, height: int = 26
         )
         if n <= 24 and bar_w >= 14 and booked:
             out.append(
-                f'<text x="{x + bar_w / 2:.2f}" y="{y_booked - h_free - 3:.2f}" font-size="10" '
-                f'text-anchor="middle" fill="#111">{booked}</text>'
+                f'<text x="{x + bar_w / 2:.2f}" y="{y_booked - 3:.2f}" font-size="10" font-weight="bold" '
+                f'text-anchor="middle" fill="#111" stroke="#fff" stroke-width="3" paint-order="stroke">'
+                f"{booked}</text>"
             )
         if i % label_every == 0:
             out.append(

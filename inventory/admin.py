@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
@@ -322,7 +323,11 @@ class PoolAdmin(admin.ModelAdmin):
         )
         extra: dict[str, Any] = {
             "rollups": [
-                {"row": r, "bar": charts.rollup_bar_svg(row=r), "age": _age(r.db_now, r.updated_at)}
+                {
+                    "row": r,
+                    "bar": charts.rollup_bar_svg(row=r, width=180, legend=False),
+                    "age": _age(r.db_now, r.updated_at),
+                }
                 for r in rows
             ],
             "capacity_legend": charts.legend_html(),
@@ -377,7 +382,17 @@ def _timeline_context(request: HttpRequest, pool: Pool) -> dict[str, Any]:
         error = ""
     except (ImportError, DomainError) as exc:
         data, error = {"allocatable": 0, "buckets": []}, str(exc)
+    rows = [
+        {
+            "start": datetime.fromtimestamp(int(b["start"]) / 1000, tz=UTC),
+            "end": datetime.fromtimestamp(int(b["end"]) / 1000, tz=UTC),
+            "booked": b.get("booked", 0),
+            "free": b.get("free", 0),
+        }
+        for b in data.get("buckets") or []
+    ]
     return {
+        "timeline_rows": rows,
         "timeline_form": form,
         "timeline_svg": charts.timeline_svg(timeline=data),
         "timeline": data,
@@ -668,9 +683,12 @@ class NodeAdmin(admin.ModelAdmin):
             "taints": list(node.taints.order_by("key")),
             "audit_events": list(node_audit_trail(node=node)),
             "can_operate": can_operate(request),
+            # Only the actions that would change something: at 3 a.m. a cordoned
+            # node offers "Uncordon", not both.
             "operations": [
                 (op, label, operate_url.replace("OP", op) + f"?ids={node.pk}&next=node")
                 for op, label in OPERATION_LABELS.items()
+                if op not in _moot_operations(node)
             ],
             "untaint_url": operate_url.replace("OP", "untaint") + f"?ids={node.pk}&next=node",
         }
@@ -782,6 +800,15 @@ class NodeAdmin(admin.ModelAdmin):
             "form": form,
         }
         return TemplateResponse(request, "admin/inventory/node/device_health.html", context)
+
+
+def _moot_operations(node: Node) -> set[str]:
+    """Node-page buttons that would be no-ops for this node's current state."""
+    moot = {"uncordon" if not node.cordoned else "cordon"}
+    moot.add("maintenance-off" if not node.maintenance else "maintenance-on")
+    if not node.taints.exists():
+        moot.add("untaint")
+    return moot
 
 
 def _bucket_badge(bucket: str) -> str:

@@ -189,7 +189,7 @@ def test_node_page_shows_the_predicate_atoms_bookings_and_trail(operator: Client
     assert "bucket-maintenance" in html
     assert allocation.reservation_id in html
     assert device.uid in html
-    assert 'id="op-cordon"' in html
+    assert 'id="op-uncordon"' in html and 'id="op-cordon"' not in html
     assert "someone" in html
 
 
@@ -277,7 +277,7 @@ def test_staff_without_the_permission_can_look_but_not_act(onlooker: Client, gpu
     assert page.status_code == 200
     assert 'id="no-operate"' in html
     assert 'id="op-cordon"' not in html
-    assert "mark unhealthy" not in html
+    assert "set unhealthy" not in html
 
     listing = onlooker.get(reverse("admin:inventory_node_changelist"))
     assert "op_cordon" not in listing.content.decode()

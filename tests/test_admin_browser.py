@@ -9,18 +9,31 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+from django.utils import timezone
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from inventory.models import Node, Pool
-from tests.factories import DeviceFactory, NodeFactory, NodeResourceFactory, PoolFactory, TenantFactory
+from inventory.models import Device, Node, Pool
+from reservations.models import DeviceBooking
+from tests.factories import (
+    AllocationFactory,
+    DeviceFactory,
+    NodeFactory,
+    NodeResourceFactory,
+    PoolFactory,
+    ReservationFactory,
+    TaintFactory,
+    TenantFactory,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -80,8 +93,28 @@ def fleet(db: Any) -> tuple[Pool, Node]:
         )
     NodeResourceFactory(node=node, resource="vcpu", allocatable=224, allocated=64)
     NodeResourceFactory(node=node, resource="memoryGiB", allocatable=2016, allocated=512)
+    TaintFactory(
+        node=node, key="gpu.example.com/fan", value="slow", effect="PreferNoSchedule", reason="fan 3 at 40%"
+    )
     other = NodeFactory(pool=pool, hostname="gpu-a-002")
     DeviceFactory.create_batch(8, node=other)
+    # Two GPUs booked now for two hours and one from tomorrow, so the pages show bookings.
+    now = timezone.now()
+    running = AllocationFactory(node=node, reservation=ReservationFactory(pool=pool, tenant=owner))
+    later = AllocationFactory(
+        node=node, reservation=ReservationFactory(pool=pool, tenant=owner, state="scheduled")
+    )
+    for uid in ("GPU-a001-0", "GPU-a001-1"):
+        DeviceBooking.objects.create(
+            device=Device.objects.get(uid=uid),
+            allocation=running,
+            during=DateTimeTZRange(now - timedelta(minutes=30), now + timedelta(hours=2)),
+        )
+    DeviceBooking.objects.create(
+        device=Device.objects.get(uid="GPU-a001-0"),
+        allocation=later,
+        during=DateTimeTZRange(now + timedelta(hours=6), now + timedelta(hours=12)),
+    )
     return pool, node
 
 
@@ -138,6 +171,7 @@ def test_operator_cordons_a_node_rebuilds_and_sees_the_pool_bar_change(
         "✖ FAIL not cordoned — xid 79 on GPU 3, RMA opened"
     ]
     assert "node.cordon" in browser.find_element(By.ID, "node-audit").text
+    assert browser.find_elements(By.ID, "op-uncordon") and not browser.find_elements(By.ID, "op-cordon")
     screenshot(browser, "node-page")
 
     # Rebuild again: the pool's gpu bar now has a maintenance segment of 7 whole GPUs
@@ -167,7 +201,7 @@ def test_staff_without_the_permission_sees_no_action(
     browser.get(f"{live_server.url}/admin/inventory/node/{node.pk}/change/")
     assert browser.find_element(By.ID, "no-operate").is_displayed()
     assert not browser.find_elements(By.CSS_SELECTOR, "#node-actions a.button")
-    assert not browser.find_elements(By.PARTIAL_LINK_TEXT, "mark unhealthy")
+    assert not browser.find_elements(By.PARTIAL_LINK_TEXT, "set unhealthy")
 
     browser.get(f"{live_server.url}/admin/inventory/node/")
     assert not browser.find_elements(By.CSS_SELECTOR, "select[name=action]")
