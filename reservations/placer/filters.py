@@ -190,7 +190,11 @@ def gang_key(request: ReservationRequest) -> str:
 
 
 def item_atoms_sql(*, item: DeviceRequest, window_expr: str, q: Params, displace: bool) -> str:
-    """SELECT of the item's free atoms on eligible nodes (CTE `eligible` aliased `n`)."""
+    """SELECT of the item's free atoms on eligible nodes (CTE `eligible` aliased `n`).
+
+    Ranking only aggregates it per (node, NUMA node, NVLink domain) in `grp_<i>`,
+    so the planner inlines it there and never materializes one row per atom.
+    """
     return (
         "SELECT d.node_id, d.id AS device_id, d.uid, d.device_class,"
         " CASE WHEN jsonb_typeof(d.attributes -> 'numaNode') = 'number'"
@@ -220,21 +224,29 @@ def item_fit_sql(*, index: int, item: DeviceRequest, request: ReservationRequest
         # The largest group of free atoms sharing one NVLink domain must hold the whole count.
         return (
             f"SELECT node_id, sum(c) AS free, sum(nd) AS not_displaced FROM ("
-            f"SELECT node_id, nvl, count(*) AS c, count(*) FILTER (WHERE NOT displaced) AS nd"
-            f" FROM atoms_{index} WHERE nvl IS NOT NULL GROUP BY node_id, nvl) g"
+            f"SELECT node_id, nvl, sum(c) AS c, sum(nd) AS nd"
+            f" FROM grp_{index} WHERE nvl IS NOT NULL GROUP BY node_id, nvl) g"
             f" GROUP BY node_id HAVING max(c) >= {count}"
         )
     return (
-        f"SELECT node_id, count(*) AS free, count(*) FILTER (WHERE NOT displaced) AS not_displaced"
-        f" FROM atoms_{index} GROUP BY node_id HAVING count(*) >= {count}"
+        f"SELECT node_id, sum(c) AS free, sum(nd) AS not_displaced"
+        f" FROM grp_{index} GROUP BY node_id HAVING sum(c) >= {count}"
+    )
+
+
+def item_groups_sql(*, index: int) -> str:
+    """The item's free atoms counted per (node, NUMA node, NVLink domain): all that ranking needs."""
+    return (
+        f"SELECT node_id, numa, nvl, count(*) AS c, count(*) FILTER (WHERE NOT displaced) AS nd"
+        f" FROM atoms_{index} GROUP BY node_id, numa, nvl"
     )
 
 
 def numa_best_sql(*, index: int) -> str:
     """Per node: the most free atoms of item `index` on one NUMA node (for the locality scorer)."""
     return (
-        f"SELECT node_id, max(c) AS numa_best FROM (SELECT node_id, numa, count(*) AS c"
-        f" FROM atoms_{index} WHERE numa IS NOT NULL GROUP BY node_id, numa) g GROUP BY node_id"
+        f"SELECT node_id, max(c) AS numa_best FROM (SELECT node_id, numa, sum(c) AS c"
+        f" FROM grp_{index} WHERE numa IS NOT NULL GROUP BY node_id, numa) g GROUP BY node_id"
     )
 
 
@@ -263,6 +275,7 @@ def with_clause(
         ctes.append(
             f"atoms_{index} AS ({item_atoms_sql(item=item, window_expr=window_expr, q=q, displace=displace)})"
         )
+        ctes.append(f"grp_{index} AS ({item_groups_sql(index=index)})")
         ctes.append(f"fit_{index} AS ({item_fit_sql(index=index, item=item, request=request, q=q)})")
     ctes.append(f"numa AS ({numa_best_sql(index=0)})")
     return "WITH " + ",\n".join(ctes), window_expr
