@@ -155,7 +155,16 @@ class NodeResourceAdmin(admin.ModelAdmin):
 
 @admin.register(Device)
 class DeviceAdmin(admin.ModelAdmin):
-    list_display = ("uid", "node", "device_class", "parent", "healthy", "bookable", "model", "vanished_at")
+    list_display = (
+        "uid",
+        "node",
+        "device_class",
+        "parent",
+        "healthy",
+        "bookable",
+        "model_or_profile",
+        "vanished_at",
+    )
     list_filter = ("device_class", "healthy", "bookable", ("vanished_at", admin.EmptyFieldListFilter))
     list_select_related = ("node", "parent")
     search_fields = ("uid", "node__hostname")
@@ -183,7 +192,7 @@ class DeviceAdmin(admin.ModelAdmin):
         return False
 
     @admin.display(description="model")
-    def model(self, obj: Device) -> str:
+    def model_or_profile(self, obj: Device) -> str:
         return str(obj.attributes.get("gpuModel") or obj.attributes.get("migProfile") or "")
 
 

@@ -193,8 +193,8 @@ def node_atoms(*, node: Node) -> tuple[list[AtomRow], list[AtomRow]]:
     rows: dict[int, AtomRow] = {}
     ordered = sorted(devices.values(), key=lambda d: (d.device_class, d.uid))
     for d in ordered:
-        rec = bookings.get(d.id)
-        rows[d.id] = AtomRow(device=d, current=ref(rec, "cur"), next=ref(rec, "next"))
+        found = bookings.get(d.id)
+        rows[d.id] = AtomRow(device=d, current=ref(found, "cur"), next=ref(found, "next"))
     gpus: list[AtomRow] = []
     others: list[AtomRow] = []
     for d in ordered:
