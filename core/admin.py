@@ -272,6 +272,8 @@ class AuditEventAdmin(ReadOnlyAdmin):
     def subject_link(self, obj: AuditEvent) -> str:
         targets: dict[str, str] = {
             "node": "admin:inventory_node_change",
+            "pool": "admin:inventory_pool_change",
+            "reservation": "admin:reservations_reservation_change",
             "token": "admin:core_apitoken_change",
         }
         name = targets.get(obj.subject_type)

@@ -244,6 +244,8 @@ def test_release_action_releases_with_the_reason(operator: Client, gpu_node: Nod
     reservation.refresh_from_db()
     assert reservation.state == "released"
     assert reservation.release_reason == "abuse"
+    event = AuditEvent.objects.get(subject_type="reservation", subject_id=reservation.pk)
+    assert (event.action, event.reason, event.actor) == ("reservation.release", "abuse", "admin:admin")
     assert "Released 1 reservation" in messages_of(response)[0]
 
 
