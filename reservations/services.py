@@ -194,7 +194,10 @@ def reservation_release(*, reservation: Reservation, actor: str, reason: str = "
     with transaction.atomic():
         # Serializes concurrent releases (and a spot notice) of one reservation.
         locked = Reservation.objects.select_for_update().get(pk=reservation.pk)
-        if locked.state in ("released", "preempted"):
+        from reservations.selectors import reservation_state
+
+        if reservation_state(locked) in ("released", "preempted", "ended"):
+            # Nothing runs any more: its claims were (or will be) settled once, its bookings are history.
             return locked
         now = placement_now()
         reservation_cut(reservation_id=locked.pk, at=now, now=now)

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from core.clock import set_clock_offset
 from core.errors import InvalidInput, NoCapacity
 from inventory.models import Device, Node, Pool
 from reservations.models import DeviceBooking, Reservation
 from reservations.placer.plan import placement_now, placement_plan, placement_window
 from reservations.request_types import DeviceRequest, ReservationRequest
+from reservations.selectors import reservation_get, reservation_payload, reservation_state
 from reservations.services import reservation_create
 from tests.factories import DeviceFactory, NodeFactory, NodeResourceFactory, PoolFactory, TaintFactory
 
@@ -331,6 +333,12 @@ def test_spot_reservations_are_displaced_with_a_notice(pool: Pool) -> None:
     for booking in DeviceBooking.objects.filter(allocation__reservation=spot):
         assert booking.during.upper == spot.notice_ends_at
     assert DeviceBooking.objects.filter(allocation__reservation=regular).count() == 2
+    payload = reservation_payload(reservation_get(tenant_id=spot.tenant_id, reservation_id=spot.id))
+    assert payload["state"] == "active" and payload["notice"] is not None
+    assert regular.state == "scheduled"
+    set_clock_offset(timedelta(seconds=121), local=True)
+    assert reservation_state(spot) == "preempted"
+    assert reservation_state(regular) == "active"
 
 
 @pytest.mark.django_db
