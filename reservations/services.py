@@ -121,9 +121,14 @@ def _create_once(*, request: ReservationRequest, digest: str, actor: str) -> tup
         def deliver() -> None:
             from reservations.daemon import daemon_deliver, daemon_shorten
 
-            for spot_id in displaced:
-                daemon_shorten(reservation_id=spot_id)
-            daemon_deliver(reservation_id=reservation_id)
+            # The booking is committed; a node that cannot be told now is
+            # reconciled later, it must not turn a made reservation into an error.
+            try:
+                for spot_id in displaced:
+                    daemon_shorten(reservation_id=spot_id)
+                daemon_deliver(reservation_id=reservation_id)
+            except Exception:
+                logger.exception("delivering reservation %s to its nodes failed", reservation_id)
 
         transaction.on_commit(deliver)
     return reservation, True

@@ -348,3 +348,18 @@ def test_no_capacity_carries_the_placer_reason(pool: Pool) -> None:
         reservation_create(request=gpu_request(pool, 2), actor="t")
     assert caught.value.details and caught.value.details[0]["code"] == "NO_FIT"
     assert not Reservation.objects.exists()
+
+
+@pytest.mark.django_db
+def test_planning_costs_two_queries_however_many_nodes(pool: Pool, django_assert_num_queries: Any) -> None:
+    request = gpu_request(pool, 2, selector={"vramGiB": {"gte": 80}}, resources={"vcpu": 2})
+    for _ in range(3):
+        make_node(pool, gpus=4, resources={"vcpu": 8})
+    window = placement_window(request=request)
+    with django_assert_num_queries(2):
+        few = placement_plan(request=request, pool=pool, window=window)
+    for _ in range(12):
+        make_node(pool, gpus=4, resources={"vcpu": 8})
+    with django_assert_num_queries(2):
+        many = placement_plan(request=request, pool=pool, window=window)
+    assert len(few.options) == 3 and len(many.options) == 10
