@@ -166,9 +166,9 @@ def _book_layout_change(device_ids: list[int], *, open_ended: bool) -> set[int]:
     if not device_ids:
         return set()
     upper = "NULL" if open_ended else "compute_now() + make_interval(secs => %s)"
-    params: list[Any] = [device_ids]
-    if not open_ended:
-        params.append(_layout_window_seconds())
+    # Placeholders in text order: the window (when closed) comes before the ids.
+    params: list[Any] = [] if open_ended else [_layout_window_seconds()]
+    params.append(device_ids)
     with connection.cursor() as cursor:
         cursor.execute(
             f"""

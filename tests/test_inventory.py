@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connections
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from core.clock import compute_now
@@ -177,20 +179,27 @@ def test_a_mig_layout_change_without_bookings_books_old_and_new_atoms_for_the_ch
         node=node, report=report(node.hostname, [gpu(0, mig=mig("3g.40gb", "3g.40gb"))]), actor="t"
     )
     uuid = gpu(0)["uuid"]
+    new_layout = [
+        {"gi": 1, "ci": 0, "profile": "3g.40gb", "memoryMiB": 40192},
+        {"gi": 5, "ci": 0, "profile": "1g.10gb", "memoryMiB": 9728},
+        {"gi": 6, "ci": 0, "profile": "1g.10gb", "memoryMiB": 9728},
+    ]
     inventory_apply_report(
         node=node,
-        report=report(node.hostname, [gpu(0, mig=mig("7g.80gb")), gpu(1, mig=mig("7g.80gb"))]),
+        report=report(node.hostname, [gpu(0, mig=new_layout), gpu(1, mig=mig("7g.80gb"))]),
         actor="t",
     )
     removed = Device.objects.get(uid=f"{uuid}/gi2/ci0")
     assert not removed.bookable and removed.vanished_at is not None
-    kept = Device.objects.get(uid=f"{uuid}/gi1/ci0")
-    assert kept.attributes["migProfile"] == "7g.80gb" and kept.bookable
+    assert Device.objects.get(uid=f"{uuid}/gi5/ci0").bookable
     booked = set(DeviceBooking.objects.filter(purpose="layout-change").values_list("device__uid", flat=True))
-    assert booked == {uuid, f"{uuid}/gi1/ci0", f"{uuid}/gi2/ci0"}
+    # The parent and the old children, and the new atoms for the same window.
+    assert booked == {uuid, f"{uuid}/gi1/ci0", f"{uuid}/gi2/ci0", f"{uuid}/gi5/ci0", f"{uuid}/gi6/ci0"}
     window = timedelta(seconds=settings.CAPACITY_LAYOUT_CHANGE_SECONDS)
+    now = compute_now()
     for b in DeviceBooking.objects.filter(purpose="layout-change"):
         assert b.allocation_id is None
+        assert b.during.lower <= now < b.during.upper
         assert b.during.upper - b.during.lower == window
     # The second GPU is new, not a layout change: none of its atoms are booked.
     assert not DeviceBooking.objects.filter(device__uid__startswith=gpu(1)["uuid"]).exists()
@@ -272,3 +281,32 @@ def test_an_explicit_model_wins_over_the_product_name() -> None:
     body = report("gpu-x", [gpu(0)])
     body["gpus"][0]["model"] = "H100-SXM"
     assert report_parse(data=body).gpus[0].model == "H100-SXM"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_layout_changes_of_one_gpu_serialize_and_one_is_refused() -> None:
+    node = NodeFactory(pool=PoolFactory(gpu_model="A100", sharing="mig"))
+    inventory_apply_report(node=node, report=report(node.hostname, [gpu(0, mig=mig("7g.80gb"))]), actor="t")
+    layouts = [mig("3g.40gb", "3g.40gb"), mig("1g.10gb", "1g.10gb", "1g.10gb")]
+    start = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def apply(layout: list[dict[str, Any]]) -> None:
+        try:
+            start.wait()
+            inventory_apply_report(node=node, report=report(node.hostname, [gpu(0, mig=layout)]), actor="t")
+            outcomes.append("applied")
+        except Conflict:
+            outcomes.append("refused")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=apply, args=(layout,)) for layout in layouts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # The node lock makes the second wait; it then sees the first's change window booked.
+    assert sorted(outcomes) == ["applied", "refused"]
+    live = Device.objects.filter(node=node, device_class="gpu.mig", vanished_at__isnull=True)
+    assert {d.attributes["migProfile"] for d in live} in ({"3g.40gb"}, {"1g.10gb"})
