@@ -23,7 +23,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+from django.utils.text import Truncator
 
 from capacity import charts
 from capacity.models import PoolCapacityRollup
@@ -563,11 +565,9 @@ class NodeAdmin(admin.ModelAdmin):
         "pool",
         "bucket_badge",
         "gpus",
+        "flags",
         "provision_state",
         "connectivity",
-        "cordoned",
-        "maintenance",
-        "noschedule_taints",
         "last_heartbeat_at",
     )
     list_filter = (
@@ -585,6 +585,7 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ("id", "hostname", "pool__name", "cordon_reason", "maintenance_reason")
     list_per_page = 100
     change_form_template = "admin/inventory/node/change_form.html"
+    change_list_template = "admin/inventory/node/change_list.html"
     # Every field the schedulability predicate reads is written by a service
     # (cordon, taint, maintenance) or by node reports; labels are the operator's.
     readonly_fields = (
@@ -651,9 +652,23 @@ class NodeAdmin(admin.ModelAdmin):
     def bucket_badge(self, obj: Any) -> str:
         return _bucket_badge(obj.bucket)
 
-    @admin.display(description="GPU atoms (healthy/all)", ordering="gpu_atoms")
+    @admin.display(description="GPUs healthy/all", ordering="gpu_atoms")
     def gpus(self, obj: Any) -> str:
         return f"{obj.gpu_atoms_healthy}/{obj.gpu_atoms}"
+
+    @admin.display(description="why not schedulable")
+    def flags(self, obj: Node) -> str:
+        """The operator-set reasons, with their text, so the list answers "why" without a click."""
+        parts = []
+        if obj.cordoned:
+            parts.append(format_html("<strong>cordoned</strong> {}", Truncator(obj.cordon_reason).chars(40)))
+        if obj.maintenance:
+            parts.append(
+                format_html("<strong>maintenance</strong> {}", Truncator(obj.maintenance_reason).chars(40))
+            )
+        if obj.noschedule_taints:
+            parts.append(format_html("<strong>{} NoSchedule taint(s)</strong>", obj.noschedule_taints))
+        return format_html_join(mark_safe("<br>"), "{}", ((p,) for p in parts)) if parts else ""
 
     def get_urls(self) -> list[Any]:
         return [
