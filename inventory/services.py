@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -250,7 +250,11 @@ def inventory_apply_reports(
             wants.extend(_desired_devices(node=current, pool=current.pool, report=report))
         want_by_uid = {w.uid: w for w in wants}
         if len(want_by_uid) != len(wants):
-            raise InvalidInput("two nodes in one batch report the same device", [{"field": "gpus"}])
+            dupes = sorted(uid for uid, n in Counter(w.uid for w in wants).items() if n > 1)
+            raise InvalidInput(
+                f"two nodes in one batch report the same device {dupes[0]}",
+                [{"field": "uid", "message": f"{uid} is reported twice"} for uid in dupes],
+            )
 
         existing = _fetch_existing(ids)
         by_uid = {row["uid"]: row for row in existing}

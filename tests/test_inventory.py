@@ -16,7 +16,7 @@ from core.clock import compute_now
 from core.errors import Conflict, InvalidInput
 from inventory.models import Device, NodeResource
 from inventory.reports import gpu_model_from_product, report_parse
-from inventory.services import inventory_apply_report
+from inventory.services import inventory_apply_report, node_register
 from reservations.models import DeviceBooking
 from tests.factories import AllocationFactory, NodeFactory, PoolFactory
 
@@ -310,3 +310,15 @@ def test_two_concurrent_layout_changes_of_one_gpu_serialize_and_one_is_refused()
     assert sorted(outcomes) == ["applied", "refused"]
     live = Device.objects.filter(node=node, device_class="gpu.mig", vanished_at__isnull=True)
     assert {d.attributes["migProfile"] for d in live} in ({"3g.40gb"}, {"1g.10gb"})
+
+
+@pytest.mark.django_db
+def test_node_register_creates_then_updates_one_node_by_hostname() -> None:
+    pool, other = PoolFactory(), PoolFactory()
+    created = node_register(hostname="gpu-r-001", pool=pool, labels={"fabric": "ib-1", "rack": "r01"})
+    updated = node_register(hostname="gpu-r-001", pool=other, cordoned=True, cordon_reason="rma")
+    assert updated.pk == created.pk
+    assert updated.pool_id == other.pk and updated.cordoned and updated.cordoned_at is not None
+    assert updated.labels == {"fabric": "ib-1", "rack": "r01"}
+    with pytest.raises(InvalidInput):
+        node_register(hostname="gpu-r-001", pool=pool, color="red")

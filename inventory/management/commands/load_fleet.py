@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from core.errors import InvalidInput
+from core.errors import Conflict, InvalidInput
 from inventory.fleet import fleet_load
 
 
@@ -53,6 +53,9 @@ class Command(BaseCommand):
             if len(exc.details) > 50:
                 lines.append(f"  ... and {len(exc.details) - 50} more")
             raise CommandError("\n".join(lines)) from exc
+        except Conflict as exc:
+            # A MIG/slot layout change refused by the atom rule: the whole load rolled back.
+            raise CommandError(f"{path}: refused, nothing was loaded: {exc.message}") from exc
         self.stdout.write(json.dumps(ids, indent=2, sort_keys=True))
         if console.is_terminal:
             elapsed = time.monotonic() - started
