@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Func
 
-from core.errors import Conflict, InvalidInput
+from core.errors import Conflict, InvalidInput, NotFound
 from core.services import audit_record
 from inventory.models import Device, DeviceClass, Node, Pool, Sharing
 from inventory.reports import SCALARS, GpuReport, NodeReport, report_parse
@@ -236,6 +236,9 @@ def inventory_apply_reports(
             .filter(pk__in=ids)
             .order_by("pk")
         }
+        missing = [pk for pk in ids if pk not in locked]
+        if missing:
+            raise NotFound(f"node {missing[0]} does not exist")
         bad = [
             {"field": "hostname", "message": f"report is for {report.hostname}, not {node.hostname}"}
             for node, report in items
