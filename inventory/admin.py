@@ -546,11 +546,19 @@ OPERATION_LABELS = {
 }
 
 
-def _redirect_to_operation(op: str) -> Callable[..., HttpResponse]:
+def _operation_action(op: str) -> Callable[..., HttpResponse]:
+    """A changelist action that renders the operation's reason page for the selected nodes.
+
+    The page posts the node ids in its body to the operation's URL, so a large
+    selection never has to fit in a URL.
+    """
+
     def action(modeladmin: NodeAdmin, request: HttpRequest, queryset: QuerySet[Node]) -> HttpResponse:
-        ids = ",".join(queryset.values_list("pk", flat=True))
-        url = reverse("admin:inventory_node_operate", args=[op])
-        return HttpResponseRedirect(f"{url}?ids={ids}")
+        operation = _ops()[op]
+        nodes = list(queryset.select_related("pool").order_by("hostname"))
+        return modeladmin.operate_page(
+            request, op=op, operation=operation, nodes=nodes, form=operation.form()
+        )
 
     action.__name__ = f"op_{op.replace('-', '_')}"
     action.short_description = f"{OPERATION_LABELS[op]} selected nodes…"  # type: ignore[attr-defined]
@@ -626,7 +634,7 @@ class NodeAdmin(admin.ModelAdmin):
             },
         ),
     )
-    actions = [_redirect_to_operation(op) for op in OPERATION_LABELS]
+    actions = [_operation_action(op) for op in OPERATION_LABELS]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # nodes come from fleet files and node reports
@@ -767,6 +775,21 @@ class NodeAdmin(admin.ModelAdmin):
             if back_to_node:
                 return HttpResponseRedirect(reverse("admin:inventory_node_change", args=[nodes[0].pk]))
             return HttpResponseRedirect(reverse("admin:inventory_node_changelist"))
+        return self.operate_page(
+            request, op=op, operation=operation, nodes=nodes, form=form, back_to_node=back_to_node
+        )
+
+    def operate_page(
+        self,
+        request: HttpRequest,
+        *,
+        op: str,
+        operation: NodeOperation,
+        nodes: list[Node],
+        form: forms.Form,
+        back_to_node: bool = False,
+    ) -> HttpResponse:
+        """The reason page: the nodes with their bucket and allocatable GPUs now, and the form."""
         context = {
             **self.admin_site.each_context(request),
             "title": operation.title,
@@ -777,6 +800,7 @@ class NodeAdmin(admin.ModelAdmin):
             "nodes": nodes,
             "ids": ",".join(n.pk for n in nodes),
             "next": "node" if back_to_node else "",
+            "operate_url": reverse("admin:inventory_node_operate", args=[op]),
             "node_rows": [(n, _bucket_badge(node_bucket(n)), node_allocatable_gpus(node=n)) for n in nodes],
         }
         return TemplateResponse(request, "admin/inventory/node/operate.html", context)
