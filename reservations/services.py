@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from capacity.reconciler import reconcile_hook_register
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
@@ -32,6 +32,8 @@ from reservations.request_types import ReservationRequest
 logger = logging.getLogger(__name__)
 
 RELEASE_CHANNEL = "capacity_released"
+RELEASE_ATTEMPTS = 3
+DEADLOCK = "40P01"
 IDEMPOTENCY_CONSTRAINT = "reservation_unique_idempotency_key"
 
 
@@ -196,6 +198,20 @@ def reservation_release(*, reservation: Reservation, actor: str, reason: str = "
 
     Scalars, quota and rollup counts are given back once; releasing twice is harmless.
     """
+    attempts = 1 if connection.in_atomic_block else RELEASE_ATTEMPTS
+    for attempt in range(attempts):
+        try:
+            return _release_once(reservation=reservation, actor=actor, reason=reason)
+        except OperationalError as exc:
+            # A gang placement can hold one node's scalar row while it waits for
+            # this release's bookings; PostgreSQL breaks that cycle by failing
+            # one side. A release is safe to run again from the start.
+            if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _release_once(*, reservation: Reservation, actor: str, reason: str) -> Reservation:
     with transaction.atomic():
         # Serializes concurrent releases (and a spot notice) of one reservation.
         locked = Reservation.objects.select_for_update().get(pk=reservation.pk)
