@@ -363,3 +363,54 @@ def test_planning_costs_two_queries_however_many_nodes(pool: Pool, django_assert
     with django_assert_num_queries(2):
         many = placement_plan(request=request, pool=pool, window=window)
     assert len(few.options) == 3 and len(many.options) == 10
+
+
+@pytest.mark.django_db
+def test_selector_sql_agrees_with_the_python_matcher(pool: Pool) -> None:
+    from reservations.placer.filters import selector_sql
+    from reservations.placer.sql import Params
+    from reservations.selectors_parse import normalize_selector, selector_matches
+
+    shapes: list[tuple[dict[str, Any], dict[str, str]]] = [
+        ({"gpuModel": "H100", "vramGiB": 80, "numaNode": 0}, {"rack": "r1"}),
+        ({"gpuModel": "H200", "vramGiB": 141, "numaNode": 1, "nvlinkDomain": "a"}, {"rack": "r2"}),
+        ({"gpuModel": "A100", "vramGiB": "80", "numaNode": True}, {}),  # wrong JSON types never compare
+        ({"gpuModel": "L40S", "vramGiB": 48}, {"rack": "r1", "zone": "z"}),
+        ({}, {"rack": "r3"}),
+    ]
+    devices = []
+    for attributes, labels in shapes:
+        node = NodeFactory(pool=pool, labels=labels)
+        devices.append((DeviceFactory(node=node, attributes=attributes), attributes, labels))
+    selectors: list[dict[str, Any]] = [
+        {"vramGiB": {"gte": 80}},
+        {"vramGiB": {"lt": 100}},
+        {"vramGiB": {"in": [48, 141]}},
+        {"vramGiB": {"notIn": [80]}},
+        {"vramGiB": {"ne": 80}},
+        {"numaNode": 1},
+        {"gpuModel": {"in": ["H100", "L40S"]}},
+        {"gpuModel": {"ne": "H100"}},
+        {"nvlinkDomain": {"exists": True}},
+        {"nvlinkDomain": {"exists": False}},
+        {"node.rack": "r1"},
+        {"node.rack": {"notIn": ["r1", "r2"]}},
+        {"node.zone": {"exists": True}, "vramGiB": {"lte": 48}},
+    ]
+    ids = [device.id for device, _, _ in devices]
+    for raw in selectors:
+        selector = normalize_selector(raw, field="selector")
+        q = Params()
+        sql = (
+            "SELECT d.id FROM inventory_device d JOIN inventory_node n ON n.id = d.node_id"
+            f" WHERE d.id = ANY({q.p(ids, 'bigint[]')}) AND {selector_sql(selector, q)}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, q.values)
+            in_sql = {row[0] for row in cursor.fetchall()}
+        in_python = {
+            device.id
+            for device, attributes, labels in devices
+            if selector_matches(selector, attributes, labels)
+        }
+        assert in_sql == in_python, raw
