@@ -1,18 +1,22 @@
 """`capacity.timeline`: whole GPUs booked per time bucket of one pool, for calendar views.
 
-One statement answers the whole timeline. It first takes the pool's `gpu`
-bookings that overlap the window (the `&&` probe is served by the GiST index
-on `device_bookings.during`, then joined to the pool's whole-GPU devices),
-then spreads each booking over the buckets it touches with `generate_series`
-(bucket numbers computed from its bounds, so the cost grows with the bookings
-in the window, not with bookings times buckets), and counts distinct devices per
-bucket. A device booked twice in one bucket (released, then booked again)
-counts once. MIG and slot atoms are a different class and never counted.
+One statement answers the whole timeline, whatever its number of buckets:
+
+1. the pool's `gpu` bookings that overlap the window (the `&&` probe is served
+   by a GiST index on `device_bookings.during`);
+2. for each, the first and last bucket it touches, computed from its bounds;
+3. per device, those spans made disjoint (a GPU booked twice in one bucket,
+   say released and booked again, counts once);
+4. +1/-1 at each span's edges, and a running sum over `generate_series` of
+   the bucket numbers.
+
+So the cost grows with the bookings in the window, never with bookings times
+buckets. MIG and slot atoms are other classes and are not counted.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
@@ -32,9 +36,12 @@ MIN_STEP_MINUTES = 5
 MAX_STEP_MINUTES = 1440
 
 _TIMELINE_SQL = """
-WITH params AS (
-    SELECT %(from_ms)s::bigint AS from_ms, %(to_ms)s::bigint AS to_ms, %(step_ms)s::bigint AS step_ms,
-           %(last)s::int AS last
+WITH bucket_starts AS (
+    SELECT ARRAY(
+        SELECT %(from_ts)s + (k * %(step_min)s) * interval '1 minute'
+        FROM generate_series(0, %(last)s) AS k
+        ORDER BY k
+    ) AS starts
 ),
 pool_gpus AS (
     SELECT d.id
@@ -42,40 +49,64 @@ pool_gpus AS (
     JOIN {node} n ON n.id = d.node_id
     WHERE n.pool_id = %(pool)s AND d.device_class = 'gpu'
 ),
-window_bookings AS (
-    SELECT b.device_id, b.during,
-           extract(epoch FROM GREATEST(lower(b.during), %(from_ts)s)) * 1000 AS lo_ms,
-           extract(epoch FROM LEAST(upper(b.during), %(to_ts)s)) * 1000 AS hi_ms
+spans AS (
+    -- The first and last bucket a booking touches: a binary search of its
+    -- first and last instant (timestamps are whole microseconds, so an open
+    -- bound is the neighbouring microsecond) among the bucket starts. Exact,
+    -- and integer work only.
+    SELECT b.device_id,
+           width_bucket(
+               GREATEST(
+                   CASE WHEN lower_inc(b.during) THEN lower(b.during)
+                        ELSE lower(b.during) + interval '1 microsecond' END,
+                   %(from_ts)s),
+               bs.starts) - 1 AS first_k,
+           width_bucket(
+               LEAST(
+                   CASE WHEN upper_inc(b.during) THEN upper(b.during)
+                        ELSE upper(b.during) - interval '1 microsecond' END,
+                   %(to_ts)s - interval '1 microsecond'),
+               bs.starts) - 1 AS last_k
     FROM {booking} b
+    CROSS JOIN bucket_starts bs
+    -- Served by a GiST index on `during`; then only the pool's whole GPUs.
     WHERE b.during && tstzrange(%(from_ts)s, %(to_ts)s, '[)')
       AND b.device_id IN (SELECT id FROM pool_gpus)
 ),
-hits AS (
-    SELECT DISTINCT k AS bucket, wb.device_id
-    FROM params p
-    CROSS JOIN window_bookings wb
-    CROSS JOIN LATERAL generate_series(
-        GREATEST(0, floor((wb.lo_ms - p.from_ms) / p.step_ms))::int,
-        LEAST(p.last, floor((wb.hi_ms - p.from_ms) / p.step_ms))::int
-    ) AS k
-    -- The bucket numbers are a superset (an upper bound that falls exactly on
-    -- a bucket's start, inclusive or not); the range test keeps the exact ones.
-    WHERE wb.during && tstzrange(
-        'epoch'::timestamptz + (p.from_ms + k * p.step_ms) * interval '1 millisecond',
-        'epoch'::timestamptz + LEAST(p.from_ms + (k + 1) * p.step_ms, p.to_ms) * interval '1 millisecond',
-        '[)')
+distinct_spans AS (
+    -- A GPU booked twice in one bucket counts once: walking a device's spans
+    -- in order, each starts after the furthest bucket an earlier one reached.
+    SELECT GREATEST(first_k, COALESCE(1 + max(last_k) OVER (
+               PARTITION BY device_id ORDER BY first_k, last_k
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)) AS first_k,
+           last_k
+    FROM spans
+),
+deltas AS (
+    -- +1 where a device's span opens, -1 after it closes: a running sum over
+    -- the buckets is then the number of GPUs booked in each, without ever
+    -- producing one row per booking and bucket.
+    SELECT k, sum(delta) AS delta
+    FROM (
+        SELECT first_k AS k, 1 AS delta FROM distinct_spans WHERE first_k <= last_k
+        UNION ALL
+        SELECT last_k + 1, -1 FROM distinct_spans WHERE first_k <= last_k
+    ) AS edges
+    GROUP BY k
 )
-SELECT s.k, count(h.device_id)
-FROM params p
-CROSS JOIN LATERAL generate_series(0, p.last) AS s(k)
-LEFT JOIN hits h ON h.bucket = s.k
-GROUP BY s.k
+SELECT s.k, sum(COALESCE(deltas.delta, 0)) OVER (ORDER BY s.k) AS booked
+FROM generate_series(0, %(last)s) AS s(k)
+LEFT JOIN deltas ON deltas.k = s.k
 ORDER BY s.k
 """
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _ms_to_datetime(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    # Integer arithmetic: exact at any date the API accepts.
+    return _EPOCH + timedelta(milliseconds=ms)
 
 
 def timeline_window(
@@ -135,9 +166,7 @@ def timeline_compute(
         "pool": pool.pk,
         "from_ts": _ms_to_datetime(from_ms),
         "to_ts": _ms_to_datetime(to_ms),
-        "from_ms": from_ms,
-        "to_ms": to_ms,
-        "step_ms": step_ms,
+        "step_min": step_minutes,
         "last": last,
     }
     with connection.cursor() as cursor:

@@ -100,6 +100,23 @@ def test_the_last_bucket_is_cut_at_to(pool: Pool, gpus: list[Device], allocation
 
 
 @pytest.mark.django_db
+def test_closed_and_open_range_bounds_are_counted_exactly(
+    pool: Pool, gpus: list[Device], allocation: Allocation
+) -> None:
+    g1, g2, g3, _ = gpus
+    # An inclusive end on a bucket's start touches that bucket.
+    during = DateTimeTZRange(at(0), at(60), "[]")
+    DeviceBooking.objects.create(device=g1, allocation=allocation, during=during)
+    # An open start on a bucket's end does not touch the bucket before.
+    during = DateTimeTZRange(at(60), at(90), "()")
+    DeviceBooking.objects.create(device=g2, allocation=allocation, during=during)
+    # An unbounded end runs to the end of the timeline.
+    DeviceBooking.objects.create(device=g3, allocation=allocation, during=DateTimeTZRange(at(150), None))
+    answer = timeline_compute(pool=pool, from_ms=T0_MS, to_ms=T0_MS + 3 * HOUR_MS, step_minutes=60)
+    assert booked(answer) == [1, 2, 1]
+
+
+@pytest.mark.django_db
 def test_mig_and_slot_atoms_and_other_pools_are_not_counted(
     pool: Pool, node: Node, gpus: list[Device], allocation: Allocation
 ) -> None:
