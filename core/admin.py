@@ -23,6 +23,10 @@ from core import services
 from core.errors import DomainError
 from core.models import ApiToken, AuditEvent, Principal, Role, RoleBinding
 
+admin.site.site_header = "GPU capacity: operator admin"
+admin.site.site_title = "GPU capacity admin"
+admin.site.index_title = "Fleet, capacity and reservations"
+
 
 def admin_actor(request: HttpRequest) -> str:
     """Who the audit trail names for an admin action: the Django user, marked as such."""
