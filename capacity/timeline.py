@@ -162,7 +162,7 @@ def timeline_compute(
     sql = _TIMELINE_SQL.format(
         device=Device._meta.db_table, node=Node._meta.db_table, booking=DeviceBooking._meta.db_table
     )
-    params = {
+    params: dict[str, Any] = {
         "pool": pool.pk,
         "from_ts": _ms_to_datetime(from_ms),
         "to_ts": _ms_to_datetime(to_ms),

@@ -74,9 +74,9 @@ START_GRACE_MS = 5 * 60 * 1000
 DEFAULT_GANG_TOPOLOGY_KEY = "fabric"
 
 
-def _int(lo: int, hi: int | None = None, **kwargs: Any) -> StrictIntegerField:
+def _int(lo: int, hi: int, **kwargs: Any) -> StrictIntegerField:
     """An integer field whose range message reads as the contract's (`must be between 1 and 64`)."""
-    message = f"must be between {lo} and {hi}" if hi is not None else f"must be at least {lo}"
+    message = f"must be between {lo} and {hi}"
     return StrictIntegerField(
         min_value=lo,
         max_value=hi,
@@ -213,7 +213,7 @@ class ReservationRequestSerializer(_RequestPart):
     tenantId = tenant_id_field()
     poolId = pool_id_field()
     projectId = StrictRegexField(PROJECT_ID_REGEX, max_length=56, required=False, allow_null=True)
-    devices = DeviceItemSerializer(
+    devices = DeviceItemSerializer(  # type: ignore[call-arg]  # many=True passes these to the list
         many=True,
         min_length=1,
         max_length=8,
@@ -247,6 +247,7 @@ class ReservationRequestSerializer(_RequestPart):
 
             now_ms = to_millis(compute_now())
             self.context["now_ms"] = now_ms
+        assert now_ms is not None
         return int(now_ms)
 
 

@@ -328,6 +328,7 @@ def _as_number(value: Any) -> int | float | None:
 def selector_matches(selector: Selector, attributes: dict[str, Any], labels: dict[str, Any]) -> bool:
     """Whether a device (its attributes, its node's labels) matches; the placer's SQL rule in Python."""
     for name, ops in selector.items():
+        kind: type
         if name.startswith(NODE_LABEL_PREFIX):
             source, key, kind = labels, name[len(NODE_LABEL_PREFIX) :], str
         else:
