@@ -387,3 +387,75 @@ def test_token_issue_for_a_tenant_role_without_a_tenant_shows_the_error(operator
     assert response.status_code == 200
     assert "needs a tenant" in response.content.decode()
     assert not ApiToken.objects.exists()
+
+
+def test_node_page_costs_the_same_number_of_queries_as_atoms_grow(
+    operator: Client, gpu_node: Node, django_assert_max_num_queries: Any
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    url = reverse("admin:inventory_node_change", args=[gpu_node.pk])
+    with CaptureQueriesContext(connection) as small:
+        assert operator.get(url).status_code == 200
+    allocation = AllocationFactory(node=gpu_node, reservation=ReservationFactory(pool=gpu_node.pool))
+    now = timezone.now()
+    for parent_index in range(4):
+        parent = DeviceFactory(node=gpu_node, uid=f"GPU-p{parent_index}", bookable=False)
+        for g in range(7):
+            atom = DeviceFactory(
+                node=gpu_node, uid=f"GPU-p{parent_index}/gi{g}/ci0", device_class="gpu.mig", parent=parent
+            )
+            DeviceBooking.objects.create(
+                device=atom, allocation=allocation, during=DateTimeTZRange(now, now + timedelta(hours=1))
+            )
+    with django_assert_max_num_queries(len(small.captured_queries)):
+        assert operator.get(url).status_code == 200
+
+
+def test_capacity_bar_reads_without_colour() -> None:
+    from capacity import charts
+
+    row = PoolCapacityRollup(
+        total=64,
+        allocatable=56,
+        allocated=24,
+        reserved=8,
+        provisioning=0,
+        unhealthy=1,
+        maintenance=7,
+        unreachable=0,
+    )
+    row.available = 24
+    svg = str(charts.rollup_bar_svg(row=row))
+    # Every non-empty segment has a pattern fill, a title with its value, and the summary says it in words.
+    for key, value in (
+        ("allocated", 24),
+        ("reserved", 8),
+        ("available", 24),
+        ("maintenance", 7),
+        ("unhealthy", 1),
+    ):
+        assert f'class="seg-{key}"' in svg
+        assert f"<title>{key}: {value}</title>" in svg
+    assert 'class="seg-provisioning"' not in svg
+    assert (
+        "24 allocated · 8 reserved · 24 available of 56 allocatable · 7 maintenance · 1 unhealthy (64 total)"
+        in svg
+    )
+
+
+def test_timeline_chart_draws_one_column_per_bucket_with_its_numbers() -> None:
+    from capacity import charts
+
+    start = 1_790_000_000_000
+    buckets = [
+        {"start": start + i * 3_600_000, "end": start + (i + 1) * 3_600_000, "booked": i, "free": 8 - i}
+        for i in range(4)
+    ]
+    svg = str(charts.timeline_svg(timeline={"allocatable": 8, "buckets": buckets}))
+    assert svg.count('class="tl-booked"') == 4
+    assert svg.count('class="tl-free"') == 4
+    assert ": 3 booked</title>" in svg and ": 5 free</title>" in svg
+    assert "allocatable 8" in svg
+    assert "booked GPUs (hatched)" in svg and "free GPUs (dotted)" in svg
