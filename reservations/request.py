@@ -161,6 +161,8 @@ class _RequestPart(StrictSerializer):
 
 
 class DeviceItemSerializer(_RequestPart):
+    """One kind of atom the reservation takes: `{class, count, selector?, topology?, sharing?}`."""
+
     # `class` is a Python keyword: the field is declared under its JSON name below.
     count = _int(1, 64)
     selector = SelectorField(required=False)
@@ -188,21 +190,29 @@ class DeviceItemSerializer(_RequestPart):
 
 
 class ResourcesSerializer(_RequestPart):
+    """Host resources booked with the devices, on each node."""
+
     vcpu = _int(0, 4096, required=False)
     memoryGiB = _int(0, 65536, required=False)
     hugepages1Gi = _int(0, 4096, required=False)
 
 
 class NodeProfileSerializer(_RequestPart):
+    """The node profile the reservation's workload runs under."""
+
     profileId = StrictRegexField(NODE_PROFILE_REGEX, max_length=128)
     profileVersion = _int(1, 2**31 - 1, required=False)
 
 
 class WaitSerializer(_RequestPart):
+    """How long a create that does not fit may wait for a release."""
+
     timeoutMs = _int(0, 30000)
 
 
 class GangSerializer(_RequestPart):
+    """`size` nodes sharing one value of the node label `topologyKey` (default `fabric`)."""
+
     size = _int(2, 64)
     topologyKey = StrictRegexField(r"^\S{1,128}$", max_length=128, required=False)
 
@@ -218,6 +228,7 @@ class ReservationRequestSerializer(_RequestPart):
         min_length=1,
         max_length=8,
         error_messages={"min_length": "must have 1 to 8 items", "max_length": "must have 1 to 8 items"},
+        help_text="1-8 items",
     )
     topology = _choice(TOPOLOGIES, required=False)
     start = _int(0, MAX_TIME_MS, required=False, allow_null=True)
@@ -377,7 +388,7 @@ def canonical_request(request: ReservationRequest) -> dict[str, Any]:
         "projectId": request.project_id,
         "devices": devices,
         "topology": request.topology,
-        "start": raw_start if request.start_ms is not None or raw_start is not None else None,
+        "start": raw_start,
         "durationSeconds": request.duration_seconds,
         "binding": request.binding,
         "resources": dict(sorted(request.resources.items())),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.durations import MAX_SECONDS, MIN_SECONDS, DurationError, format_duration, parse_duration
+
+# No deadline: a busy machine must not turn a slow example into a failure.
+no_deadline = settings(deadline=None)
 
 UNITS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
 
@@ -115,11 +118,13 @@ def iso_strings(draw: st.DrawFn) -> tuple[str, int]:
     return text, seconds
 
 
+@no_deadline
 @given(seconds_in_range)
 def test_any_number_of_seconds_round_trips_through_the_compact_form(seconds: int) -> None:
     assert parse_duration(format_duration(seconds)) == seconds
 
 
+@no_deadline
 @given(st.one_of(compact_strings(), iso_strings()))
 def test_any_generated_valid_string_parses_to_its_seconds(case: tuple[str, int]) -> None:
     text, seconds = case
@@ -130,6 +135,7 @@ def test_any_generated_valid_string_parses_to_its_seconds(case: tuple[str, int])
             parse_duration(text)
 
 
+@no_deadline
 @given(st.text(max_size=80))
 def test_arbitrary_text_raises_nothing_but_duration_error(text: str) -> None:
     try:
@@ -139,6 +145,7 @@ def test_arbitrary_text_raises_nothing_but_duration_error(text: str) -> None:
     assert MIN_SECONDS <= seconds <= MAX_SECONDS
 
 
+@no_deadline
 @given(st.from_regex(r"\A[0-9PTWDHMSwdhms .-]{0,20}\Z"))
 def test_near_miss_text_raises_nothing_but_duration_error(text: str) -> None:
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidInput
@@ -20,6 +20,9 @@ from reservations.selectors_parse import (
     selector_to_api,
     selector_to_cli,
 )
+
+# No deadline: a busy machine must not turn a slow example into a failure.
+no_deadline = settings(deadline=None)
 
 FIELD = "devices[0].selector"
 
@@ -224,16 +227,19 @@ def selectors(draw: st.DrawFn) -> Selector:
     return result
 
 
+@no_deadline
 @given(selectors())
 def test_generated_selectors_round_trip_through_the_api_form(selector: Selector) -> None:
     assert normalize_selector(selector_to_api(selector), field=FIELD) == selector
 
 
+@no_deadline
 @given(selectors())
 def test_generated_selectors_round_trip_through_the_cli_form(selector: Selector) -> None:
     assert parse_cli_selector(selector_to_cli(selector)) == selector
 
 
+@no_deadline
 @given(st.text(max_size=120))
 def test_arbitrary_cli_text_raises_only_the_parsers_error(text: str) -> None:
     try:
@@ -244,6 +250,7 @@ def test_arbitrary_cli_text_raises_only_the_parsers_error(text: str) -> None:
     assert normalize_selector(selector_to_api(selector), field=FIELD) == selector
 
 
+@no_deadline
 @given(st.from_regex(r"\A[a-zA-Z. ,()!=<>\"'\\0-9-]{0,40}\Z"))
 def test_near_miss_cli_text_raises_only_the_parsers_error(text: str) -> None:
     try:
@@ -263,6 +270,7 @@ json_values = st.recursive(
 )
 
 
+@no_deadline
 @given(st.one_of(json_values, st.dictionaries(st.sampled_from([*INT_NAMES, *STR_NAMES, "x"]), json_values)))
 def test_arbitrary_api_objects_raise_only_invalid_input(obj: Any) -> None:
     try:

@@ -24,6 +24,8 @@ from core.decisions import CAPACITY_READ, decide_pool
 
 
 class TimelineInput(StrictSerializer):
+    """`{tenantId, poolId, from?, to?, stepMinutes?}`; `timeline_window` checks the window."""
+
     tenantId = tenant_id_field()
     poolId = pool_id_field()
     # `from` is a Python keyword: declared under its JSON name in get_fields.
@@ -42,13 +44,15 @@ class TimelineInput(StrictSerializer):
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
-        fields["from"] = time_ms_field(
+        start = time_ms_field(
             required=False, allow_null=True, help_text="milliseconds since the epoch; the current hour"
         )
-        return fields
+        return {"tenantId": fields.pop("tenantId"), "poolId": fields.pop("poolId"), "from": start, **fields}
 
 
 class TimelineBucketSerializer(serializers.Serializer):
+    """One bucket `[start, end)`; the last one ends at `to`."""
+
     start = serializers.IntegerField(help_text="milliseconds since the epoch, inclusive")
     end = serializers.IntegerField(help_text="milliseconds since the epoch, exclusive")
     booked = serializers.IntegerField(help_text="distinct whole GPUs with a booking overlapping the bucket")
@@ -56,6 +60,8 @@ class TimelineBucketSerializer(serializers.Serializer):
 
 
 class TimelineOutput(serializers.Serializer):
+    """`{poolId, from, to, stepMinutes, allocatable, buckets}`."""
+
     poolId = serializers.CharField()
     to = serializers.IntegerField()
     stepMinutes = serializers.IntegerField()
