@@ -161,6 +161,7 @@ def test_operator_cordons_a_node_rebuilds_and_sees_the_pool_bar_change(
     assert "GPU-a001-7/gi2/ci0" in browser.find_element(By.ID, "node-atoms").text
     browser.find_element(By.ID, "op-cordon").click()
     browser.find_element(By.NAME, "reason").send_keys("xid 79 on GPU 3, RMA opened")
+    screenshot(browser, "cordon-reason")
     browser.find_element(By.ID, "operate-submit").click()
 
     message = browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
