@@ -60,7 +60,7 @@ def _pattern_defs(prefix: str) -> str:
     return "<defs>" + "".join(defs) + "</defs>"
 
 
-def rollup_segments(row: Any) -> list[tuple[Segment, int]]:
+def rollup_segments(*, row: Any) -> list[tuple[Segment, int]]:
     """The bar's (segment, value) pairs for a rollup row (or anything with the same attributes)."""
     return [(seg, max(0, int(getattr(row, seg.key, 0) or 0))) for seg in SEGMENTS]
 
@@ -72,7 +72,7 @@ def rollup_bar_svg(*, row: Any, width: int = 320, height: int = 18, legend: bool
     the three usable segments may not add up to `allocatable`; the bar scales to
     what it draws, and the text says the real numbers.
     """
-    parts = rollup_segments(row)
+    parts = rollup_segments(row=row)
     scale_total = sum(v for _, v in parts)
     prefix = "cbar"
     svg_h = height + (18 if legend else 0)

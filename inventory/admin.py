@@ -767,9 +767,10 @@ class NodeAdmin(admin.ModelAdmin):
                 changed = sum(1 for c in changes if c.changed)
                 unchanged = len(changes) - changed
                 already = f" ({unchanged} already so)" if unchanged else ""
+                summary = node_change_summary(changes=changes)
                 self.message_user(
                     request,
-                    f"{operation.verb} {plural(changed, 'node')}{already}; {node_change_summary(changes)}.",
+                    f"{operation.verb} {plural(changed, 'node')}{already}; {summary}.",
                     messages.SUCCESS if changed else messages.WARNING,
                 )
             if back_to_node:
@@ -835,7 +836,7 @@ class NodeAdmin(admin.ModelAdmin):
                 state = "healthy" if healthy else "unhealthy"
                 self.message_user(
                     request,
-                    f"Marked {device.uid} {state}; {node_change_summary([change])}.",
+                    f"Marked {device.uid} {state}; {node_change_summary(changes=[change])}.",
                     messages.SUCCESS,
                 )
             return HttpResponseRedirect(reverse("admin:inventory_node_change", args=[node.pk]))

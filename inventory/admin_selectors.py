@@ -59,7 +59,7 @@ class NodeChange:
         return sum(self.atoms_after.values()) - sum(self.atoms_before.values())
 
 
-def node_change_summary(changes: list[NodeChange]) -> str:
+def node_change_summary(*, changes: list[NodeChange]) -> str:
     """One sentence: how many GPU atoms left or joined allocatable, by class when not all whole GPUs."""
     by_class: dict[str, int] = {}
     for c in changes:
