@@ -1,0 +1,1 @@
+"""The fleet-scale benchmark: `make bench` (`python -m bench`); see `bench.run`."""

@@ -1,0 +1,314 @@
+"""Write the benchmark's results: JSON, PNG charts (matplotlib, Agg) and `docs/benchmarks.md`.
+
+The page is generated from the run, so every number on it is one the run
+measured; `docs/scaling.md` cites them by hand.
+"""
+
+# Markdown table rows and their cells read best on one line each; the page uses the times and
+# less-or-equal signs.
+# ruff: noqa: E501, RUF001
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+# The targets of the 10,000-node run (2-core machine, one million bookings).
+READ_P50_MS = 10.0
+READ_GROWTH = 1.2
+PREVIEW_8_P50_MS = 50.0
+THROUGHPUT_SHARE_OF_FLOOR = 0.5
+REBUILD_S = 5.0
+TIMELINE_MS = 100.0
+RSS_MB = 250.0
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _chart_reads(results: dict[str, Any], path: Path) -> None:
+    sizes = list(results["sizes"])
+    names = ["summary", "byPool", "timeline"]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / len(sizes)
+    for k, size in enumerate(sizes):
+        reads = results["sizes"][size]["reads"]
+        xs = [i + k * width for i in range(len(names))]
+        ax.bar(xs, [reads[n]["p50_ms"] for n in names], width, label=f"{int(size):,} nodes p50")
+        ax.scatter(xs, [reads[n]["p99_ms"] for n in names], marker="_", s=300, color="black", zorder=3)
+    ax.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(names))], names)
+    ax.set_ylabel("ms (bar p50, dash p99)")
+    ax.set_title("Capacity reads over HTTP")
+    ax.axhline(READ_P50_MS, color="grey", linestyle=":", linewidth=1)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _chart_preview(results: dict[str, Any], path: Path) -> None:
+    sizes = list(results["sizes"])
+    shapes = list(results["sizes"][sizes[0]]["reads"]["preview"])
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.8 / len(sizes)
+    for k, size in enumerate(sizes):
+        preview = results["sizes"][size]["reads"]["preview"]
+        xs = [i + k * width for i in range(len(shapes))]
+        ax.bar(xs, [preview[s]["p50_ms"] for s in shapes], width, label=f"{int(size):,} nodes p50")
+        ax.scatter(xs, [preview[s]["p99_ms"] for s in shapes], marker="_", s=200, color="black", zorder=3)
+    ax.set_xticks(
+        [i + width * (len(sizes) - 1) / 2 for i in range(len(shapes))], shapes, rotation=20, fontsize=8
+    )
+    ax.set_ylabel("ms (bar p50, dash p99)")
+    ax.set_title("capacity/preview over HTTP")
+    ax.axhline(PREVIEW_8_P50_MS, color="grey", linestyle=":", linewidth=1)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _chart_throughput(throughput: dict[str, Any], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for source, style in (
+        ("api", "-o"),
+        ("floor", "--s"),
+        ("floor_no_rollup", ":^"),
+        ("floor_delta_log", "-.v"),
+    ):
+        for mode, rows in throughput.get(source, {}).items():
+            ax.plot(
+                [r["clients"] for r in rows],
+                [r["creates_per_s"] for r in rows],
+                style,
+                label=f"{source.replace('_', ' ')}, {mode}",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 4, 16], ["1", "4", "16"])
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("creates (+ releases) per second")
+    ax.set_title("reservations/create + release")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def _targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    sizes = sorted(results["sizes"], key=int)
+    small, big = results["sizes"][sizes[0]], results["sizes"][sizes[-1]]
+    rows: list[tuple[str, str, str]] = []
+    for name in ("summary", "byPool"):
+        p50 = big["reads"][name]["p50_ms"]
+        ratio = p50 / small["reads"][name]["p50_ms"]
+        rows.append(
+            (
+                f"`capacity/{name}` p50 < {READ_P50_MS:.0f} ms and ≤ {READ_GROWTH}× the {int(sizes[0]):,}-node figure",
+                f"{p50:.2f} ms, ratio {ratio:.2f}",
+                _verdict(p50 < READ_P50_MS and ratio <= READ_GROWTH),
+            )
+        )
+    p8 = big["reads"]["preview"]["8 GPUs"]["p50_ms"]
+    rows.append(
+        (
+            f"`capacity/preview` 8 GPUs p50 < {PREVIEW_8_P50_MS:.0f} ms",
+            f"{p8:.1f} ms",
+            _verdict(p8 < PREVIEW_8_P50_MS),
+        )
+    )
+    throughput = big.get("throughput")
+    if throughput:
+        for mode in throughput["api"]:
+            api16 = throughput["api"][mode][-1]["creates_per_s"]
+            floor16 = throughput["floor"][mode][-1]["creates_per_s"]
+            share = api16 / floor16 if floor16 else 0.0
+            rows.append(
+                (
+                    f"create at 16 clients ({mode}) ≥ {THROUGHPUT_SHARE_OF_FLOOR:.0%} of the SQL floor",
+                    f"{api16:.1f}/s vs {floor16:.1f}/s = {share:.0%}",
+                    _verdict(share >= THROUGHPUT_SHARE_OF_FLOOR),
+                )
+            )
+    rebuild = big["rebuild"]["median_s"]
+    rows.append(
+        (
+            f"`rebuild_rollups` whole fleet < {REBUILD_S:.0f} s",
+            f"{rebuild:.2f} s",
+            _verdict(rebuild < REBUILD_S),
+        )
+    )
+    timeline = big["reads"]["timeline"]["p50_ms"]
+    rows.append(
+        (
+            f"`capacity/timeline` 7 days / 336 buckets < {TIMELINE_MS:.0f} ms",
+            f"p50 {timeline:.1f} ms",
+            _verdict(timeline < TIMELINE_MS),
+        )
+    )
+    rss = max(big["peak_rss_mb"].values()) if big["peak_rss_mb"] else 0.0
+    rows.append((f"server memory < {RSS_MB:.0f} MB per worker", f"peak {rss:.0f} MB", _verdict(rss < RSS_MB)))
+    return rows
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    sizes = sorted(results["sizes"], key=int)
+    big = results["sizes"][sizes[-1]]
+    machine = results["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`python -m bench`); do not edit by hand. The raw numbers are in",
+        "[`benchmarks/results.json`](benchmarks/results.json). How the service scales beyond one machine,",
+        "and which of these numbers say when, is in [scaling.md](scaling.md).",
+        "",
+        f"Machine: {machine['cpus']} CPUs, Python {machine['python']}, {machine['platform']}; PostgreSQL on the",
+        "same machine; gunicorn with 2 sync workers, `DEBUG` off. Load average during the run:"
+        f" {', '.join(f'{x:.1f}' for x in machine.get('loadavg_start', []))} at the start,"
+        f" {', '.join(f'{x:.1f}' for x in machine.get('loadavg_end', []))} at the end"
+        " (the machine is shared, so absolute latencies carry that noise; ratios less so).",
+        f"The whole run took {results['total_s']:.0f} s.",
+        "",
+        "## Targets (10,000 nodes, one million bookings)" if sizes[-1] == "10000" else "## Targets",
+        "",
+        "| target | measured | |",
+        "| --- | --- | --- |",
+    ]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in _targets(results)]
+    lines += [
+        "",
+        "## Fleets",
+        "",
+        "| nodes | pools | GPU-class atoms | bookings | booked now | start later | rebuild median |",
+    ]
+    lines += ["| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for size in sizes:
+        s = results["sizes"][size]
+        f = s["fill"]
+        lines.append(
+            f"| {int(size):,} | {s['pools']} | {f['atoms']:,} | {f['bookings']:,} | {f['booked_now']:,}"
+            f" | {f['booked_later']:,} | {s['rebuild']['median_s']:.2f} s |"
+        )
+    lines += [
+        "",
+        "Bookings: every GPU-class atom (`gpu`, `gpu.mig`, `gpu.slot`) in groups of four per node, each group",
+        "booked in evenly spaced windows from 30 days ago to 7 days ahead, half of each period booked, with a",
+        "phase per group. So about half of the atoms are busy now and most rows are history.",
+        "",
+        "## Reads over HTTP",
+        "",
+        "![reads](benchmarks/reads.png)",
+        "",
+        "| method | " + " | ".join(f"{int(s):,} p50 ms | {int(s):,} p99 ms" for s in sizes) + " |",
+        "| --- | " + " | ".join("---: | ---:" for _ in sizes) + " |",
+    ]
+    for name in ("summary", "byPool", "timeline"):
+        cells = " | ".join(
+            f"{results['sizes'][s]['reads'][name]['p50_ms']:.2f} | {results['sizes'][s]['reads'][name]['p99_ms']:.2f}"
+            for s in sizes
+        )
+        lines.append(f"| `capacity/{name}` | {cells} |")
+    if len(sizes) > 1:
+        lines.append("")
+        for name in ("summary", "byPool"):
+            ratio = (
+                results["sizes"][sizes[-1]]["reads"][name]["p50_ms"]
+                / results["sizes"][sizes[0]]["reads"][name]["p50_ms"]
+            )
+            lines.append(
+                f"* `{name}` p50 at {int(sizes[-1]):,} nodes / at {int(sizes[0]):,} nodes: **{ratio:.2f}**"
+            )
+    lines += [
+        "",
+        "The timeline asks 7 days in 30-minute steps (336 buckets) of the H100 pool, starting 3 days ago.",
+        "",
+        "## capacity/preview",
+        "",
+        "![preview](benchmarks/preview.png)",
+        "",
+        "| request | " + " | ".join(f"{int(s):,} p50 ms | {int(s):,} p99 ms" for s in sizes) + " |",
+        "| --- | " + " | ".join("---: | ---:" for _ in sizes) + " |",
+    ]
+    for shape in results["sizes"][sizes[0]]["reads"]["preview"]:
+        cells = " | ".join(
+            f"{results['sizes'][s]['reads']['preview'][shape]['p50_ms']:.1f}"
+            f" | {results['sizes'][s]['reads']['preview'][shape]['p99_ms']:.1f}"
+            for s in sizes
+        )
+        lines.append(f"| {shape} | {cells} |")
+    lines += [
+        "",
+        'The selector is `{"vramGiB": {"gte": 80}, "gpuModel": "H100"}`; every request is for one hour.',
+        "",
+    ]
+    throughput = big.get("throughput")
+    if throughput:
+        lines += [
+            "## reservations/create + release",
+            "",
+            "![throughput](benchmarks/throughput.png)",
+            "",
+            "Each client loops: create (1 GPU, 1 hour) then release, through HTTP. *One pool*: every client books",
+            "in the same H100 pool; *spread*: client *i* books in exclusive pool *i* mod 9. The floor runs the same",
+            "guarded statements of one placement and one release as plain psycopg transactions (no planning,",
+            "no Django, no HTTP), each client on its own atoms.",
+            "",
+            "| source | mode | clients | creates/s | create p50 ms | create p99 ms | lost races | replans | NO_CAPACITY |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for source in ("api", "floor", "floor_no_rollup", "floor_delta_log"):
+            for mode, rows in throughput.get(source, {}).items():
+                for r in rows:
+                    lines.append(
+                        f"| {source.replace('_', ' ')} | {mode} | {r['clients']} | {r['creates_per_s']:.1f}"
+                        f" | {_fmt(r.get('create_p50_ms'))} | {_fmt(r.get('create_p99_ms'))}"
+                        f" | {r.get('lost_races', r.get('lost', '-'))} | {r.get('replans', '-')} | {r.get('no_capacity', '-')} |"
+                    )
+        lines += [""]
+        for mode in throughput["api"]:
+            for api_row, floor_row in zip(throughput["api"][mode], throughput["floor"][mode], strict=True):
+                share = (
+                    api_row["creates_per_s"] / floor_row["creates_per_s"] if floor_row["creates_per_s"] else 0
+                )
+                lines.append(f"* {mode}, {api_row['clients']} clients: API / floor = **{share:.0%}**")
+        lines.append("")
+        if "floor_no_rollup" in throughput:
+            lines += [
+                "*floor no rollup* is the floor without the rollup delta statement, and *floor delta log* the floor",
+                "with the delta appended to a log table instead of updating the pool's row: the difference between",
+                "them and the floor on one pool is what the single hot rollup row costs.",
+                "",
+            ]
+    lines += ["## Server memory", ""]
+    for size in sizes:
+        rss = results["sizes"][size]["peak_rss_mb"]
+        lines.append(
+            f"* {int(size):,} nodes: peak RSS per worker " + ", ".join(f"{v:.0f} MB" for v in rss.values())
+        )
+    lines += ["", "## Steps", "", "| step | seconds |", "| --- | ---: |"]
+    lines += [f"| {name} | {secs:.1f} |" for name, secs in results["steps_s"].items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def report_write(*, results: dict[str, Any], out_dir: Path, page: Path) -> None:
+    """Write `results.json`, the charts and the markdown page."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    _chart_reads(results, out_dir / "reads.png")
+    _chart_preview(results, out_dir / "preview.png")
+    sizes = sorted(results["sizes"], key=int)
+    throughput = results["sizes"][sizes[-1]].get("throughput")
+    if throughput:
+        _chart_throughput(throughput, out_dir / "throughput.png")
+    page.write_text(_markdown(results))
