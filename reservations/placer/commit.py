@@ -21,6 +21,7 @@ The quota charge (guard 5) and the rollup deltas run in the same transaction
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from reservations.models import Allocation, Reservation
 from reservations.placer.filters import Window
 from reservations.placer.plan import Member, Option, Plan, placement_plan
 from reservations.request_types import ReservationRequest
+
+logger = logging.getLogger(__name__)
 
 # How many times a spent shortlist is replanned before NoCapacity.
 MAX_REPLANS = 3
@@ -183,13 +186,16 @@ def _try_option(
                 taken.append((allocation, member))
                 displaced.extend(cut)
             return taken, displaced
-    except _LostRace:
+    except _LostRace as lost:
+        # Counted by operators (and the benchmark) to see how often placements collide.
+        logger.info("placement lost a race on option %s: %s", option.members[0].node_id, lost)
         return None
     except OperationalError as exc:
         # Two placements locking or booking the same atoms in opposite orders:
         # PostgreSQL breaks the cycle by failing one statement; the savepoint
         # absorbs it and this placement moves on like any other lost race.
         if getattr(exc.__cause__, "sqlstate", None) in (_DEADLOCK, _LOCK_NOT_AVAILABLE):
+            logger.info("placement lost a race on option %s: %s", option.members[0].node_id, exc)
             return None
         raise
 
@@ -206,7 +212,9 @@ def placement_commit(
     modes = (False,) if request.spot else (False, True)
     reason = None
     for displace in modes:
-        for _attempt in range(MAX_REPLANS + 1):
+        for attempt in range(MAX_REPLANS + 1):
+            if attempt:
+                logger.info("placement replan %d for pool %s", attempt, request.pool_id)
             plan = placement_plan(request=request, pool=pool, window=window, displace=displace)
             if not plan.fits:
                 reason = plan.reason
