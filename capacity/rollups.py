@@ -154,7 +154,9 @@ atoms AS MATERIALIZED (
 live_bookings AS (
     SELECT b.device_id,
            bool_or(b.during @> compute_now()) AS booked_now,
-           bool_or(lower(b.during) > compute_now()) AS booked_later
+           -- The seeds' reserved counts bookings that start later, not atoms: an atom booked
+           -- twice in the future counts twice, exactly as the booking transactions' deltas add it.
+           count(*) FILTER (WHERE lower(b.during) > compute_now()) AS booked_later
       FROM device_bookings b
      WHERE b.during && tstzrange(compute_now(), NULL)
        {atom_probe}
@@ -164,7 +166,8 @@ atom_counts AS (
     SELECT a.pool_id, a.resource,
            count(*) FILTER (WHERE a.bucket = '{SCHEDULABLE}' AND a.healthy) AS allocatable,
            count(*) FILTER (WHERE a.bucket = '{SCHEDULABLE}' AND a.healthy AND lb.booked_now) AS allocated,
-           count(*) FILTER (WHERE a.bucket = '{SCHEDULABLE}' AND a.healthy AND lb.booked_later) AS reserved,
+           COALESCE(sum(lb.booked_later) FILTER (WHERE a.bucket = '{SCHEDULABLE}' AND a.healthy), 0)::bigint
+               AS reserved,
            count(*) FILTER (WHERE a.bucket = 'provisioning') AS provisioning,
            count(*) FILTER (WHERE a.bucket = 'unhealthy'
                               OR (a.bucket = '{SCHEDULABLE}' AND NOT a.healthy)) AS unhealthy,

@@ -76,16 +76,39 @@ def _bookings_of(reservation_id: str) -> dict[tuple[str, str], list[Assignment]]
     return out
 
 
+def _known_reservation(reservation_id: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM reservations_reservation WHERE id = %s", [reservation_id])
+        return cursor.fetchone() is not None
+
+
 def daemon_deliver(*, reservation_id: str) -> bool:
     """Send a committed reservation's bookings to its nodes; on a refusal, release it. True if accepted."""
     try:
         for (node_id, allocation_id), assignments in sorted(_bookings_of(reservation_id).items()):
-            daemon_assign(
-                node_id=node_id,
-                reservation_id=reservation_id,
-                allocation_id=allocation_id,
-                assignments=assignments,
-            )
+            try:
+                daemon_assign(
+                    node_id=node_id,
+                    reservation_id=reservation_id,
+                    allocation_id=allocation_id,
+                    assignments=assignments,
+                )
+            except AllocationFailed as exc:
+                # A release commits, then tells the node (after commit); a create that
+                # books the freed atoms can deliver before that news arrives. When the
+                # holder is a reservation the control plane knows, bring the node's
+                # record of it up to date and ask once more: a holder still booked keeps
+                # its rows, and one the node holds without the control plane knowing it
+                # is never dropped, so a true overlap is still refused.
+                if not _known_reservation(exc.holder):
+                    raise
+                daemon_shorten(reservation_id=exc.holder)
+                daemon_assign(
+                    node_id=node_id,
+                    reservation_id=reservation_id,
+                    allocation_id=allocation_id,
+                    assignments=assignments,
+                )
     except AllocationFailed as exc:
         logger.warning("node refused reservation %s: %s", reservation_id, exc)
         from reservations.models import Reservation
