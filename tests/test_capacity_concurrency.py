@@ -1,0 +1,206 @@
+"""The torture tests: 1,000 interleaved and 1,000 concurrent operations, then every invariant.
+
+The mix (`tests.torture.ops`) is reservations (create, release) against
+cordons, uncordons, taints, untaints, maintenance and `healthy` flips, on a
+small fleet where most creates fight for the last atoms of some node. After
+each run the checks in `tests.torture.checks` recount everything from the
+rows, and `tests.torture.commitlog` judges every committed booking against
+the node and atom states that committed before it.
+
+Seeds and counts are arguments: `SOAK=1` (`make soak`) runs ten times the
+operations with the same code, `TORTURE_SEED` picks another schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from reservations.placer.plan import placement_now
+from tests.torture.checks import check_rollups_match_rebuild, invariant_problems
+from tests.torture.commitlog import LogSummary, commitlog_check, commitlog_install, commitlog_uninstall
+from tests.torture.fleet import Fleet, fleet_build, fleet_restore
+from tests.torture.ops import Ledger, Op, Tally, op_run_http, op_run_service, ops_generate
+from tests.torture.servers import ServerGroup, http_tokens
+from tests.torture.stepper import Stepper
+
+SOAK = os.environ.get("SOAK", "") not in ("", "0")
+SCALE = 10 if SOAK else 1
+SEED = int(os.environ.get("TORTURE_SEED", "20261130"))
+
+INTERLEAVED_OPERATIONS = 1_000 * SCALE
+INTERLEAVED_SESSIONS = 6
+CONCURRENT_OPERATIONS = 1_000 * SCALE
+CONCURRENT_THREADS = 16
+HTTP_OPERATIONS = 2_000 * SCALE
+HTTP_CLIENTS = 16
+# A bound that only stops a broken run from hanging; never part of an assertion.
+JOIN_SECONDS = 1_800
+
+
+@pytest.fixture
+def fleet(transactional_db: Any) -> Iterator[Fleet]:
+    """The torture fleet, with the commit-order log installed for the length of the test."""
+    built = fleet_build()
+    commitlog_install()
+    try:
+        yield built
+    finally:
+        commitlog_uninstall()
+
+
+def _now_ms() -> int:
+    return int(placement_now().timestamp() * 1000)
+
+
+def verify_run(fleet: Fleet, tally: Tally, *, operations: int) -> LogSummary:
+    """Every check of the brief, in an order where none disturbs the next; returns the log's summary."""
+    assert tally.total == operations, tally.counts
+    assert not tally.failures, tally.failures[:10]
+    # The run must have contested something, or it proves nothing.
+    assert tally.counts["created"] > 0 and tally.counts["released"] > 0 and tally.counts["node-op"] > 0
+    assert tally.counts["no-capacity"] + tally.counts["quota"] > 0, tally.counts
+    problems = invariant_problems()
+    log = commitlog_check()
+    problems.extend(log.violations)
+    assert log.bookings > 0 and log.state_changes > 0
+    fleet_restore(fleet)
+    problems.extend(check_rollups_match_rebuild())
+    assert not problems, "\n".join(problems[:20])
+    return log
+
+
+def run_interleaved(fleet: Fleet, *, seed: int, operations: int, sessions: int) -> tuple[Tally, Stepper]:
+    """Deal the seeded schedule to `sessions` open transactions and step them statement by statement."""
+    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=_now_ms(), key_prefix="il")
+    ledger = Ledger()
+    tally = Tally()
+
+    def bind(op: Op) -> Any:
+        def run() -> str:
+            outcome = op_run_service(op, ledger)
+            tally.record(op, outcome)
+            return outcome
+
+        return run
+
+    dealt: list[list[Any]] = [[] for _ in range(sessions)]
+    for index, op in enumerate(ops):
+        dealt[index % sessions].append(bind(op))
+    stepper = Stepper(seed=seed, sessions=dealt)
+    outcomes = stepper.run()
+    # An exception inside an operation is an outcome the tally never saw.
+    errors = [o for o in outcomes if o.startswith("error:")]
+    tally.failures.extend(errors)
+    return tally, stepper
+
+
+def run_concurrent_service(fleet: Fleet, *, seed: int, operations: int, threads: int) -> Tally:
+    """`threads` threads, each with its own connection, take the seeded operations from one queue."""
+    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=_now_ms(), key_prefix="cc")
+    ledger = Ledger()
+    tally = Tally()
+    queue = iter(ops)
+    queue_lock = threading.Lock()
+    start = threading.Barrier(threads)
+
+    def worker() -> None:
+        try:
+            start.wait(JOIN_SECONDS)
+            while True:
+                with queue_lock:
+                    op = next(queue, None)
+                if op is None:
+                    return
+                try:
+                    outcome = op_run_service(op, ledger)
+                except Exception as exc:  # every unexpected exception fails the run
+                    outcome = f"error: {type(exc).__name__}: {exc}"
+                tally.record(op, outcome)
+        finally:
+            connections.close_all()
+
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(JOIN_SECONDS)
+        assert not thread.is_alive(), "a worker never finished"
+    return tally
+
+
+def run_concurrent_http(
+    fleet: Fleet, servers: ServerGroup, *, seed: int, operations: int, clients: int
+) -> Tally:
+    """`clients` threads send the seeded operations to the server processes, alternating between them."""
+    tokens = http_tokens(fleet)
+    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=_now_ms(), key_prefix="http")
+    ledger = Ledger()
+    tally = Tally()
+    queue = iter(enumerate(ops))
+    queue_lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with queue_lock:
+                item = next(queue, None)
+            if item is None:
+                return
+            index, op = item
+            base_url = servers.urls[index % len(servers.urls)]
+            try:
+                outcome = op_run_http(op, ledger, base_url=base_url, tokens=tokens)
+            except Exception as exc:  # a dropped connection or a timeout fails the run
+                outcome = f"error: {type(exc).__name__}: {exc}"
+            tally.record(op, outcome)
+
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(JOIN_SECONDS)
+        assert not thread.is_alive(), "a client never finished"
+    return tally
+
+
+@pytest.mark.slow
+def test_interleaved_operations_keep_every_invariant(fleet: Fleet) -> None:
+    tally, stepper = run_interleaved(
+        fleet, seed=SEED, operations=INTERLEAVED_OPERATIONS, sessions=INTERLEAVED_SESSIONS
+    )
+    # The schedule really interleaved: sessions waited on each other's locks mid-transaction.
+    assert stepper.steps > INTERLEAVED_OPERATIONS and stepper.lock_waits > 0
+    log = verify_run(fleet, tally, operations=INTERLEAVED_OPERATIONS)
+    print(
+        f"\ninterleaved: {dict(tally.counts)}, {stepper.steps} statements stepped,"
+        f" {stepper.lock_waits} lock waits, {log.bookings} bookings judged against"
+        f" {log.state_changes} changes"
+    )
+
+
+@pytest.mark.slow
+def test_concurrent_operations_through_the_services_keep_every_invariant(fleet: Fleet) -> None:
+    tally = run_concurrent_service(
+        fleet, seed=SEED + 1, operations=CONCURRENT_OPERATIONS, threads=CONCURRENT_THREADS
+    )
+    log = verify_run(fleet, tally, operations=CONCURRENT_OPERATIONS)
+    print(
+        f"\nconcurrent: {dict(tally.counts)}, {log.bookings} bookings judged against"
+        f" {log.state_changes} changes"
+    )
+
+
+@pytest.mark.slow
+def test_concurrent_operations_through_two_server_processes_keep_every_invariant(fleet: Fleet) -> None:
+    with ServerGroup.start(count=2) as servers:
+        tally = run_concurrent_http(
+            fleet, servers, seed=SEED + 2, operations=HTTP_OPERATIONS, clients=HTTP_CLIENTS
+        )
+        assert servers.all_alive(), "a server process died under load"
+    log = verify_run(fleet, tally, operations=HTTP_OPERATIONS)
+    print(f"\nhttp: {dict(tally.counts)}, {log.bookings} bookings judged against {log.state_changes} changes")

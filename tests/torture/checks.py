@@ -1,0 +1,206 @@
+"""The invariants every run must leave behind; each returns what it found wrong, as sentences.
+
+These are written to catch a broken guard, not to restate the code: they
+recount from the rows (bookings, allocations, requests) what the counters,
+quota rows and rollups claim.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connection
+
+from capacity.rollups import rollup_rebuild_all
+
+
+def _rows(sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def check_no_double_booking() -> list[str]:
+    """Guard 1: no atom in two overlapping bookings, and the exclusion constraint is still there."""
+    problems = [
+        f"device {device} booked twice: bookings {a} and {b} overlap"
+        for device, a, b in _rows(
+            "SELECT a.device_id, a.id, b.id FROM device_bookings a JOIN device_bookings b"
+            " ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during"
+        )
+    ]
+    if not _rows(
+        "SELECT 1 FROM pg_constraint WHERE conname = 'device_bookings_no_overlap' AND contype = 'x'"
+    ):
+        problems.append("the exclusion constraint device_bookings_no_overlap is missing")
+    return problems
+
+
+def check_scalars() -> list[str]:
+    """Guard 3: every node_resources.allocated equals the sum of the live claims on it, within its limit."""
+    rows = _rows(
+        """
+        SELECT nr.node_id, nr.resource, nr.allocated, COALESCE(c.claimed, 0),
+               floor(nr.allocatable * nr.ratio)
+          FROM inventory_noderesource nr
+          LEFT JOIN (SELECT a.node_id, r.key AS resource, sum((r.value #>> '{}')::bigint) AS claimed
+                       FROM reservations_allocation a, jsonb_each(a.resources) r
+                      WHERE NOT a.released GROUP BY 1, 2) c
+            ON c.node_id = nr.node_id AND c.resource = nr.resource
+         WHERE nr.allocated <> COALESCE(c.claimed, 0) OR nr.allocated > floor(nr.allocatable * nr.ratio)
+        """
+    )
+    return [
+        f"node {node} {resource}: allocated {allocated}, live claims {claimed}, limit {limit}"
+        for node, resource, allocated, claimed, limit in rows
+    ]
+
+
+def check_quota() -> list[str]:
+    """Guard 5: every quota_usage.used equals the live charges (atoms booked plus scalars claimed)."""
+    rows = _rows(
+        """
+        WITH live AS (
+            SELECT r.pool_id, r.tenant_id, a.id AS allocation_id, a.resources
+              FROM reservations_allocation a JOIN reservations_reservation r ON r.id = a.reservation_id
+             WHERE NOT a.released
+        ), charges AS (
+            SELECT l.pool_id, l.tenant_id, d.device_class AS resource, count(*) AS amount
+              FROM live l JOIN device_bookings b ON b.allocation_id = l.allocation_id
+              JOIN inventory_device d ON d.id = b.device_id GROUP BY 1, 2, 3
+            UNION ALL
+            SELECT l.pool_id, l.tenant_id, r.key, sum((r.value #>> '{}')::bigint)
+              FROM live l, jsonb_each(l.resources) r GROUP BY 1, 2, 3
+        )
+        SELECT q.pool_id, q.tenant_id, q.resource, q.used, q.max, COALESCE(sum(c.amount), 0)
+          FROM quota_usage q LEFT JOIN charges c
+            ON c.pool_id = q.pool_id AND c.tenant_id = q.tenant_id AND c.resource = q.resource
+         GROUP BY 1, 2, 3, 4, 5
+        HAVING q.used <> COALESCE(sum(c.amount), 0) OR q.used > q.max
+        """
+    )
+    return [
+        f"quota {tenant}@{pool} {resource}: used {used} of {limit}, live charges {charged}"
+        for pool, tenant, resource, used, limit, charged in rows
+    ]
+
+
+def rollup_snapshot() -> dict[tuple[str, str], tuple[int, int]]:
+    """(pool, resource) -> (allocated, reserved) as the booking transactions' deltas left them."""
+    return {
+        (pool, resource): (allocated, reserved)
+        for pool, resource, allocated, reserved in _rows(
+            "SELECT pool_id, resource, allocated, reserved FROM pool_capacity_rollup"
+        )
+    }
+
+
+def check_rollups_match_rebuild() -> list[str]:
+    """Every rollup's booked counts equal a fresh rebuild's.
+
+    Call it with every node schedulable and every atom healthy (`fleet_restore`):
+    bucket moves (a cordon, a quarantine) are by design picked up only by the
+    rebuild, while `allocated` and `reserved` are kept by the deltas and must
+    already be exact.
+    """
+    before = rollup_snapshot()
+    rollup_rebuild_all()
+    after = rollup_snapshot()
+    problems = []
+    for key in sorted(set(before) | set(after)):
+        old = before.get(key, (0, 0))
+        new = after.get(key, (0, 0))
+        if old != new:
+            problems.append(
+                f"rollup {key[0]} {key[1]}: deltas gave allocated/reserved {old}, a rebuild counts {new}"
+            )
+    return problems
+
+
+def check_reservations_whole() -> list[str]:
+    """Every reservation has exactly its allocations and bookings, and a release left nothing behind."""
+    problems: list[str] = []
+    reservations = _rows(
+        "SELECT id, state, request, starts_at, ends_at, released_at FROM reservations_reservation ORDER BY id"
+    )
+    allocations: dict[str, list[tuple[Any, ...]]] = {}
+    for row in _rows("SELECT reservation_id, id, node_id, resources, released FROM reservations_allocation"):
+        allocations.setdefault(row[0], []).append(row[1:])
+    bookings: dict[str, list[tuple[Any, ...]]] = {}
+    for row in _rows(
+        "SELECT b.allocation_id, d.node_id, d.device_class, lower(b.during), upper(b.during)"
+        " FROM device_bookings b JOIN inventory_device d ON d.id = b.device_id"
+        " WHERE b.allocation_id IS NOT NULL"
+    ):
+        bookings.setdefault(row[0], []).append(row[1:])
+    for rid, state, request, starts_at, ends_at, released_at in reservations:
+        request = json.loads(request) if isinstance(request, str) else request
+        mine = allocations.get(rid, [])
+        if len(mine) != 1:
+            problems.append(f"{rid}: {len(mine)} allocations, a reservation without gang has exactly one")
+            continue
+        allocation_id, node_id, resources, released = mine[0]
+        resources = json.loads(resources) if isinstance(resources, str) else resources
+        booked = bookings.get(allocation_id, [])
+        asked = {k: v for k, v in (request.get("resources") or {}).items() if v}
+        if resources != asked:
+            problems.append(f"{rid}: allocation claims {resources}, the request asked {asked}")
+        if any(node != node_id for node, *_ in booked):
+            problems.append(f"{rid}: a booking sits on another node than its allocation's")
+        if state in ("scheduled", "active"):
+            wanted = sum(item["count"] for item in request["devices"])
+            if released:
+                problems.append(f"{rid}: {state} but its allocation is released")
+            if len(booked) != wanted:
+                problems.append(f"{rid}: {len(booked)} bookings for {wanted} atoms asked")
+            if any((lo, hi) != (starts_at, ends_at) for _n, _c, lo, hi in booked):
+                problems.append(f"{rid}: a booking's range differs from the reservation's")
+        elif state == "released":
+            if not released:
+                problems.append(f"{rid}: released but its allocation still holds its claims")
+            if any(hi > released_at for _n, _c, _lo, hi in booked):
+                problems.append(f"{rid}: a booking outlives its release")
+    orphans = _rows(
+        "SELECT a.id FROM reservations_allocation a LEFT JOIN device_bookings b ON b.allocation_id = a.id"
+        " WHERE b.id IS NULL AND NOT a.released"
+    )
+    problems.extend(f"allocation {a} holds no booking" for (a,) in orphans)
+    return problems
+
+
+def check_daemon(*, require_delivery: bool = True) -> list[str]:
+    """Guard 6: the fake node daemon never refused, and holds every live booking it was sent."""
+    problems = [
+        f"{rid}: the node refused it ({reason})"
+        for rid, reason in _rows(
+            "SELECT id, release_reason FROM reservations_reservation WHERE release_reason LIKE %s",
+            ["AllocationFailed%"],
+        )
+    ]
+    if require_delivery:
+        missing = _rows(
+            """
+            SELECT r.id, d.uid FROM reservations_reservation r
+              JOIN reservations_allocation a ON a.reservation_id = r.id
+              JOIN device_bookings b ON b.allocation_id = a.id
+              JOIN inventory_device d ON d.id = b.device_id
+             WHERE r.state IN ('scheduled', 'active') AND NOT EXISTS (
+                   SELECT 1 FROM fake_daemon_assignments f
+                    WHERE f.reservation_id = r.id AND f.device_uid = d.uid
+                      AND f.starts_at = lower(b.during) AND f.ends_at = upper(b.during))
+            """
+        )
+        problems.extend(f"{rid}: the node does not hold {uid}" for rid, uid in missing)
+    return problems
+
+
+def invariant_problems(*, require_delivery: bool = True) -> list[str]:
+    """Every check above except the rollup one (which rebuilds, so it goes last, after `fleet_restore`)."""
+    return [
+        *check_no_double_booking(),
+        *check_scalars(),
+        *check_quota(),
+        *check_reservations_whole(),
+        *check_daemon(require_delivery=require_delivery),
+    ]
