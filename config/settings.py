@@ -131,6 +131,10 @@ if not DEBUG:
     CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
     SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+    # Off unless the deployment says so: HSTS on subdomains and preloading are
+    # promises about the whole domain, which only its operator can make.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
 LOGGING = {
