@@ -404,3 +404,26 @@ def test_the_docs_page_renders_offline() -> None:
     for asset in assets:
         assert asset.startswith(settings.STATIC_URL) or asset.startswith("/" + settings.STATIC_URL), asset
         assert finders.find(asset.split(settings.STATIC_URL, 1)[1]) is not None, asset
+
+
+@pytest.mark.django_db
+def test_summary_costs_the_same_queries_whatever_the_number_of_pools(
+    owner_client: APIClient, owned_pool: Pool
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    rollup(owned_pool, "gpu", allocatable=8)
+    post(owner_client, SUMMARY, {"tenantId": "acme"})  # records the token's first use
+    with CaptureQueriesContext(connection) as one_pool:
+        post(owner_client, SUMMARY, {"tenantId": "acme"})
+
+    for index in range(5):
+        pool = PoolFactory.create(owner=owned_pool.owner, name=f"more-{index}")
+        rollup(pool, "gpu", allocatable=index)
+        rollup(pool, "vcpu", allocatable=index)
+    with CaptureQueriesContext(connection) as six_pools:
+        status, body = post(owner_client, SUMMARY, {"tenantId": "acme"})
+
+    assert status == 200 and len(body["pools"]) == 6
+    assert len(six_pools) == len(one_pool)
