@@ -259,8 +259,15 @@ def _atoms_for(
 ) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """Free atoms per shortlisted node (and, for whole-node leases, all of its atoms)."""
     q = Params()
+    # Only the shortlisted nodes: without this the CTEs (materialized, since
+    # several reference them) would recount the whole pool a second time.
     ctes, _ = with_clause(
-        request=request, window=window, q=q, displace=displace, exclude_node_ids=exclude_node_ids
+        request=request,
+        window=window,
+        q=q,
+        displace=displace,
+        exclude_node_ids=exclude_node_ids,
+        only_node_ids=tuple(node_ids),
     )
     ids_expr = q.p(node_ids, "text[]")
     sql = f"{ctes}\n{atoms_of_nodes_sql(request=request, node_ids_expr=ids_expr)}"
