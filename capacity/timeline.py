@@ -69,9 +69,14 @@ spans AS (
                bs.starts) - 1 AS last_k
     FROM {booking} b
     CROSS JOIN bucket_starts bs
-    -- Served by a GiST index on `during`; then only the pool's whole GPUs.
-    WHERE b.during && tstzrange(%(from_ts)s, %(to_ts)s, '[)')
-      AND b.device_id IN (SELECT id FROM pool_gpus)
+    -- `during && [from, to)` as its two bound comparisons (bookings are always
+    -- `[start, end)`, or `[start, )` while a layout change is open), probed per GPU of
+    -- the pool through the btree `booking_device_ends` (device, end): only the
+    -- pool's bookings that end after `from` are read, never the whole fleet's
+    -- window (a GiST scan of `during` reads every pool's bookings in it).
+    WHERE b.device_id IN (SELECT id FROM pool_gpus)
+      AND COALESCE(upper(b.during), ('infinity')::timestamp with time zone) > %(from_ts)s
+      AND lower(b.during) < %(to_ts)s
 ),
 distinct_spans AS (
     -- A GPU booked twice in one bucket counts once: walking a device's spans
