@@ -111,12 +111,14 @@ ON CONFLICT (pool_id, resource) DO NOTHING
 # Step 2: lock the rows. `rollup_apply_delta` updates these same rows, so a
 # booking transaction that has not committed yet makes us wait here (and is
 # then visible to the count), and one that starts later waits for our commit
-# (and adds its delta to our count). Ordered, so two rebuilds, or a rebuild
-# and `rollup_apply_deltas`, take the rows in one order.
+# (and adds its delta to our count). Ordered by code point, as Python's
+# `sorted()` orders a booking's resources, so two rebuilds, or a rebuild and a
+# booking transaction applying its deltas in sorted order, take the rows in
+# one order instead of deadlocking.
 _LOCK_ROWS_SQL = """
 SELECT id FROM pool_capacity_rollup
  WHERE pool_id = ANY(%(pools)s::varchar[])
- ORDER BY pool_id, resource
+ ORDER BY pool_id COLLATE "C", resource COLLATE "C"
    FOR UPDATE
 """
 
