@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -578,16 +579,21 @@ def test_sigterm_stops_the_loop_after_the_current_pass(hooks: list[Callable[[], 
 
 
 @pytest.mark.django_db
-def test_the_rebuild_rollups_command_loop_exits_cleanly_on_sigterm(hooks: list[Callable[[], None]]) -> None:
+def test_the_rebuild_rollups_command_loop_exits_cleanly_on_sigterm(
+    hooks: list[Callable[[], None]], settings: Any
+) -> None:
     PoolFactory.create()
+    settings.CAPACITY_ROLLUP_EVERY_SECONDS = 86400
 
     def terminate() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     reconcile_hook_register(terminate)
     out = io.StringIO()
-    call_command("rebuild_rollups", "--every", "86400", stdout=out)
+    # `--every` without a value takes the period from the settings.
+    call_command("rebuild_rollups", "--every", stdout=out)
     text = out.getvalue()
+    assert "a pass every 86400s" in text
     assert "pass done" in text
     assert text.rstrip().endswith("reconciler stopped")
 
@@ -662,3 +668,26 @@ def test_capacity_preview_hands_over_to_the_reservations_cli_or_says_it_is_unava
     monkeypatch.setattr(importlib, "import_module", missing)
     with pytest.raises(CommandError, match="preview is not available"):
         call_command("capacity", *args)
+
+
+@pytest.mark.django_db
+def test_the_fleet_rebuild_and_the_one_pool_rebuild_count_alike() -> None:
+    """`rollup_rebuild_all` hashes the fleet's live bookings; `rollup_rebuild` probes per atom."""
+    pools = [PoolFactory.create() for _ in range(3)]
+    for index, pool in enumerate(pools):
+        node = NodeFactory.create(pool=pool, cordoned=index == 1)
+        NodeResourceFactory.create(node=node, resource="vcpu", allocatable=10 + index, allocated=index)
+        devices = gpus(node, 3)
+        gpus(NodeFactory.create(pool=pool, connectivity="unknown"), 1)
+        book(devices[0], -HOUR, HOUR)
+        book(devices[1], HOUR, 2 * HOUR)
+        book(devices[1], -2 * HOUR, -HOUR)
+    ids = [pool.id for pool in pools]
+
+    rollup_rebuild_all()
+    fleet = snapshot(ids)
+    for pool in pools:
+        rollup_rebuild(pool_id=pool.id)
+    assert snapshot(ids) == fleet
+    assert (row(pools[0]).allocated, row(pools[0]).reserved, row(pools[0]).unreachable) == (1, 1, 1)
+    assert (row(pools[1]).allocatable, row(pools[1]).maintenance, row(pools[1]).allocated) == (0, 3, 0)
