@@ -270,6 +270,30 @@ def time_ms_field(**kwargs: Any) -> StrictIntegerField:
 class StrictJSONParser(JSONParser):
     """JSON only; the size limit is checked before a byte is parsed (see `RpcViewSet.initial`)."""
 
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError as exc:
+            # A body nested a few thousand levels deep exhausts Python's stack in the
+            # JSON decoder; it is the client's malformed input, not a server error.
+            raise drf_exceptions.ParseError("JSON nested too deeply") from exc
+
+
+class EscapedJSONRenderer(JSONRenderer):
+    """JSON with `<`, `>` and `&` written as `\\u003c`, `\\u003e`, `\\u0026`.
+
+    Error details name the fields a client sent (an unknown field is echoed
+    back by name). The escapes are the same JSON to every client, but no
+    browser that sniffs the answer as HTML finds live markup in it. In JSON
+    these characters only occur inside strings, so the replacement is exact.
+    """
+
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
+        rendered: bytes = super().render(data, accepted_media_type, renderer_context)
+        return rendered.replace(b"<", b"\\u003c").replace(b">", b"\\u003e").replace(b"&", b"\\u0026")
+
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     """`Authorization: Bearer bc_...` in the OpenAPI document (and Swagger UI's Authorize button)."""
@@ -317,7 +341,7 @@ class RpcViewSet(viewsets.ViewSet):
     authentication_classes = [BearerTokenAuthentication]
     permission_classes = [PrincipalRequired]
     parser_classes = [StrictJSONParser]
-    renderer_classes = [JSONRenderer]
+    renderer_classes = [EscapedJSONRenderer]
     schema = RpcAutoSchema()
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
