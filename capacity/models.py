@@ -36,7 +36,11 @@ class PoolCapacityRollup(models.Model):
             models.CheckConstraint(
                 name="rollup_total_is_sum",
                 condition=Q(
-                    total=F("allocatable") + F("provisioning") + F("unhealthy") + F("maintenance") + F("unreachable")
+                    total=F("allocatable")
+                    + F("provisioning")
+                    + F("unhealthy")
+                    + F("maintenance")
+                    + F("unreachable")
                 ),
             ),
         ]
@@ -60,7 +64,9 @@ class QuotaUsage(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["pool", "tenant", "resource"], name="quota_unique"),
             # The backstop of guard 5: the guarded UPDATE should never get here.
-            models.CheckConstraint(name="quota_used_in_range", condition=Q(used__gte=0) & Q(used__lte=F("max"))),
+            models.CheckConstraint(
+                name="quota_used_in_range", condition=Q(used__gte=0) & Q(used__lte=F("max"))
+            ),
         ]
 
     def __str__(self) -> str:

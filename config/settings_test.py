@@ -4,4 +4,4 @@ import os
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key")
 
-from config.settings import *  # noqa: E402, F403
+from config.settings import *  # noqa: F403

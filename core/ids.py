@@ -30,4 +30,4 @@ NODE = "node"
 RESERVATION = "rsv"
 ALLOCATION = "alloc"
 PRINCIPAL = "prn"
-TOKEN = "tok"
+TOKEN = "tok"  # noqa: S105 - an id prefix, not a secret

@@ -86,9 +86,7 @@ class Offering(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["pool", "tenant"], name="offering_unique_pool_tenant")
-        ]
+        constraints = [models.UniqueConstraint(fields=["pool", "tenant"], name="offering_unique_pool_tenant")]
 
     def __str__(self) -> str:
         return f"{self.pool} → {self.tenant_id}"
@@ -230,7 +228,7 @@ class NodeResource(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.node_id} {self.resource} {self.allocated}/{self.allocatable}×{self.ratio}"
+        return f"{self.node_id} {self.resource} {self.allocated}/{self.allocatable}x{self.ratio}"
 
 
 class DeviceClass(models.TextChoices):
