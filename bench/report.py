@@ -212,12 +212,14 @@ def _markdown(results: dict[str, Any]) -> str:
         "| method | " + " | ".join(f"{int(s):,} p50 ms | {int(s):,} p99 ms" for s in sizes) + " |",
         "| --- | " + " | ".join("---: | ---:" for _ in sizes) + " |",
     ]
-    for name in ("summary", "byPool", "timeline"):
+    for name in ("no credential (401)", "summary", "byPool", "timeline"):
+        if name not in results["sizes"][sizes[0]]["reads"]:
+            continue
         cells = " | ".join(
             f"{results['sizes'][s]['reads'][name]['p50_ms']:.2f} | {results['sizes'][s]['reads'][name]['p99_ms']:.2f}"
             for s in sizes
         )
-        lines.append(f"| `capacity/{name}` | {cells} |")
+        lines.append(f"| {name if ' ' in name else f'`capacity/{name}`'} | {cells} |")
     if len(sizes) > 1:
         lines.append("")
         for name in ("summary", "byPool"):
@@ -231,6 +233,8 @@ def _markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         "The timeline asks 7 days in 30-minute steps (336 buckets) of the H100 pool, starting 3 days ago.",
+        "*no credential (401)* is `capacity/summary` with an empty bearer token: refused before any query,",
+        "it is what HTTP, gunicorn, Django and DRF cost per call on this machine, under every other line.",
         "",
         "## capacity/preview",
         "",

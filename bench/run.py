@@ -179,6 +179,13 @@ def _reads(
     client = Client(port=port, token=tokens[tenant])
     out: dict[str, Any] = {}
     with clock.step(f"{nodes} nodes: summary and byPool x{READ_SAMPLES}"):
+        # The fixed cost of any call on this machine: HTTP, gunicorn, Django and
+        # DRF, refused (401) before any query because the bearer token is empty.
+        anonymous = Client(port=port, token="")
+        out["no credential (401)"] = latency_measure(
+            client=anonymous, method="capacity/summary", body=lambda i: {"tenantId": tenant}, n=READ_SAMPLES
+        ).as_dict()
+        anonymous.close()
         out["summary"] = latency_measure(
             client=client, method="capacity/summary", body=lambda i: {"tenantId": tenant}, n=READ_SAMPLES
         ).as_dict()
@@ -308,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         },
         "sizes": {},
     }
