@@ -31,7 +31,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _ready(url: str) -> bool:
+def server_ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/api/ping", timeout=2):  # noqa: S310 (local test server)
             return True
@@ -99,7 +99,7 @@ class ServerGroup:
         )
         server = Server(url=f"http://127.0.0.1:{port}", process=process, log=log)
         deadline = time.monotonic() + START_SECONDS
-        while not _ready(server.url):
+        while not server_ready(server.url):
             assert process.poll() is None, f"server exited: {log.read_text()[-2000:]}"
             assert time.monotonic() < deadline, "server did not start"
             time.sleep(0.1)
