@@ -204,3 +204,103 @@ def test_concurrent_operations_through_two_server_processes_keep_every_invariant
         assert servers.all_alive(), "a server process died under load"
     log = verify_run(fleet, tally, operations=HTTP_OPERATIONS)
     print(f"\nhttp: {dict(tally.counts)}, {log.bookings} bookings judged against {log.state_changes} changes")
+
+
+# --- The checks catch what they are for: each broken on purpose -------------------------------
+
+
+def _one_gpu_reservation(fleet: Fleet, key: str) -> Any:
+    from reservations.request import parse_reservation_request
+    from reservations.services import reservation_create
+
+    pool_id, tenant_id = fleet.bookers[0]
+    body = {
+        "tenantId": tenant_id,
+        "poolId": pool_id,
+        "devices": [{"class": "gpu", "count": 1}],
+        "duration": "1h",
+        "idempotencyKey": key,
+        "resources": {"vcpu": 2},
+    }
+    reservation, _ = reservation_create(request=parse_reservation_request(body), actor="test")
+    return reservation
+
+
+def test_the_commit_log_catches_a_placer_that_skips_the_node_lock(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guard 4 broken on purpose: the placer no longer re-checks the node under its lock."""
+    from inventory.models import Node
+    from inventory.operations import node_cordon
+    from reservations.placer import commit, filters
+
+    for node in Node.objects.filter(pk__in=fleet.node_ids):
+        node_cordon(node=node, reason="test", actor="test")
+    monkeypatch.setattr(commit, "_lock_node", lambda **_: True)
+    # The plan reads the predicate too; make it blind as well, as a stale plan would be.
+    monkeypatch.setattr(filters, "schedulable_sql", lambda *a, **k: "true")
+    _one_gpu_reservation(fleet, "broken-guard-4")
+    violations = commitlog_check().violations
+    assert len(violations) == 1 and "the node was unschedulable" in violations[0]
+
+
+def test_the_checks_catch_forged_counters_quota_rollups_and_half_written_reservations(fleet: Fleet) -> None:
+    from django.db import connection
+
+    reservation = _one_gpu_reservation(fleet, "forged")
+    assert invariant_problems() == []
+    forgeries = [
+        (
+            "UPDATE inventory_noderesource SET allocated = allocated + 1 WHERE allocated > 0",
+            "vcpu: allocated",
+        ),
+        ("UPDATE quota_usage SET used = used + 1 WHERE resource = 'gpu'", "quota"),
+        (
+            "DELETE FROM fake_daemon_assignments WHERE reservation_id = %s",
+            "the node does not hold",
+        ),
+        (
+            "DELETE FROM device_bookings WHERE allocation_id IN"
+            " (SELECT id FROM reservations_allocation WHERE reservation_id = %s)",
+            "bookings for 1 atoms asked",
+        ),
+    ]
+    for sql, expected_text in forgeries:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [reservation.pk] if "%s" in sql else None)
+        assert any(expected_text in p for p in invariant_problems()), (sql, invariant_problems())
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pool_capacity_rollup SET reserved = reserved + 3 WHERE resource = 'gpu'")
+    assert check_rollups_match_rebuild()
+
+
+def test_a_create_delivered_before_the_release_news_reaches_the_node_is_accepted(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the HTTP run found: release commits, a create books the atom and delivers first."""
+    from inventory.models import Node
+    from inventory.operations import node_cordon
+    from reservations import daemon
+    from reservations.models import Reservation
+    from reservations.services import reservation_release
+
+    # One schedulable node with its GPUs: the second reservation must reuse the first's atom.
+    for node in Node.objects.filter(pk__in=fleet.node_ids[1:]):
+        node_cordon(node=node, reason="test", actor="test")
+    pool_id, tenant_id = fleet.bookers[0]
+    first = _one_gpu_reservation(fleet, "first")
+    late: list[str] = []
+    monkeypatch.setattr(daemon, "daemon_shorten", lambda *, reservation_id: late.append(reservation_id))
+    reservation_release(reservation=first, actor="test")
+    monkeypatch.undo()
+    assert late == [first.pk]  # the node has not heard of the release yet
+    for index in range(4):  # every GPU of the node, the released one included
+        second = _one_gpu_reservation(fleet, f"second-{index}")
+        assert Reservation.objects.get(pk=second.pk).state == "active", second.release_reason
+    assert check_daemon_refusals() == []
+
+
+def check_daemon_refusals() -> list[str]:
+    from tests.torture.checks import check_daemon
+
+    return check_daemon(require_delivery=True)
