@@ -287,7 +287,6 @@ def test_a_create_delivered_before_the_release_news_reaches_the_node_is_accepted
     # One schedulable node with its GPUs: the second reservation must reuse the first's atom.
     for node in Node.objects.filter(pk__in=fleet.node_ids[1:]):
         node_cordon(node=node, reason="test", actor="test")
-    pool_id, tenant_id = fleet.bookers[0]
     first = _one_gpu_reservation(fleet, "first")
     late: list[str] = []
     monkeypatch.setattr(daemon, "daemon_shorten", lambda *, reservation_id: late.append(reservation_id))
