@@ -92,9 +92,9 @@ def world(db: Any) -> World:
     nodes: dict[str, Node] = {}
     devices: dict[str, Device] = {}
     for kind, pool in pools.items():
-        nodes[kind] = NodeFactory(pool=pool, hostname=f"iso-{kind}")
+        nodes[kind] = NodeFactory.create(pool=pool, hostname=f"iso-{kind}")
         for index in range(4):
-            device = DeviceFactory(node=nodes[kind])
+            device = DeviceFactory.create(node=nodes[kind])
             if index == 3:
                 devices[kind] = device  # never booked: free to flip
     reservations = {

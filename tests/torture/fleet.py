@@ -29,15 +29,15 @@ class Fleet:
 
 def fleet_build(*, nodes_per_pool: tuple[int, ...] = (8, 4), gpus_per_node: int = 4, vcpu: int = 32) -> Fleet:
     """Create tenants, pools, nodes, GPUs and scalars, all schedulable and healthy; rebuild rollups."""
-    owner = TenantFactory(id="torture-owner")
-    guest = TenantFactory(id="torture-guest")
+    owner = TenantFactory.create(id="torture-owner")
+    guest = TenantFactory.create(id="torture-guest")
     pools: list[Pool] = []
     bookers: list[tuple[str, str]] = []
     quota: dict[tuple[str, str, str], int] = {}
     node_ids: list[str] = []
     uids: list[str] = []
     for index, count in enumerate(nodes_per_pool):
-        pool = PoolFactory(owner=owner, name=f"torture-{index}", gpu_model="H100")
+        pool = PoolFactory.create(owner=owner, name=f"torture-{index}", gpu_model="H100")
         pools.append(pool)
         bookers.append((pool.id, owner.id))
         # The guest books under a quota smaller than the pool, so guard 5 is attacked too.
