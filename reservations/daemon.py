@@ -49,11 +49,17 @@ def daemon_assign(
         held: dict[str, list[tuple[str, datetime, datetime]]] = {}
         for uid, holder, start, end in cursor.fetchall():
             held.setdefault(uid, []).append((holder, start, end))
+        fresh: list[Assignment] = []
         for uid, start, end in assignments:
+            already = False
             for holder, held_start, held_end in held.get(uid, []):
-                if holder != reservation_id and start < held_end and held_start < end:
+                if holder == reservation_id:
+                    already = already or (held_start, held_end) == (start, end)
+                elif start < held_end and held_start < end:
                     raise AllocationFailed(uid, holder)
-        for uid, start, end in assignments:
+            if not already:  # a redelivery adds only what the node lacks
+                fresh.append((uid, start, end))
+        for uid, start, end in fresh:
             cursor.execute(
                 "INSERT INTO fake_daemon_assignments"
                 " (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)"
@@ -156,3 +162,33 @@ def daemon_holdings(*, device_uid: str) -> list[tuple[str, datetime, datetime]]:
             [device_uid],
         )
         return [(row[0], row[1], row[2]) for row in cursor.fetchall()]
+
+
+def daemon_redeliver_missing(*, limit: int = 500) -> int:
+    """Tell the nodes about live bookings they do not hold as booked; return how many reservations.
+
+    Delivery runs after commit, so a crash, a lost connection or a restart
+    between the commit and the node can leave a node behind. The reconciler
+    runs this on every pass: cut what was shortened, add what is missing.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT DISTINCT r.id FROM reservations_reservation r
+              JOIN reservations_allocation a ON a.reservation_id = r.id
+              JOIN device_bookings b ON b.allocation_id = a.id
+              JOIN inventory_device d ON d.id = b.device_id
+             WHERE r.state IN ('scheduled', 'active') AND upper(b.during) > compute_now()
+               AND NOT EXISTS (
+                   SELECT 1 FROM fake_daemon_assignments f
+                    WHERE f.node_id = a.node_id AND f.reservation_id = r.id AND f.device_uid = d.uid
+                      AND f.starts_at = lower(b.during) AND f.ends_at = upper(b.during))
+             ORDER BY r.id LIMIT %s
+            """,
+            [limit],
+        )
+        behind = [row[0] for row in cursor.fetchall()]
+    for reservation_id in behind:
+        daemon_shorten(reservation_id=reservation_id)
+        daemon_deliver(reservation_id=reservation_id)
+    return len(behind)

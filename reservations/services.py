@@ -316,9 +316,12 @@ def reservation_settle_ended(*, limit: int = 500) -> int:
 
 
 def lease_expire_hook() -> None:
-    """The reconciler hook: release every due lease, then settle reservations that ended."""
+    """The reconciler hook: release due leases, settle ended reservations, catch the nodes up."""
+    from reservations.daemon import daemon_redeliver_missing
+
     lease_expire_due()
     reservation_settle_ended()
+    daemon_redeliver_missing()
 
 
 reconcile_hook_register(lease_expire_hook)
