@@ -423,3 +423,15 @@ def test_a_reservation_that_ran_to_its_end_gives_back_quota_and_scalars(owned_po
     assert DeviceBooking.objects.filter(allocation__reservation=reservation).count() == 2
     # And the tenant can book again.
     assert reservation_create(request=gpu_request(owned_pool, 2), actor="t")[1]
+
+
+@pytest.mark.django_db
+def test_preview_does_not_check_quota_but_create_does(
+    offered_client: APIClient, owned_pool: Pool, gpu_node: Node
+) -> None:
+    QuotaUsageFactory(pool=owned_pool, tenant_id="beta", resource="gpu", max=1)
+    preview = post(offered_client, "capacity/preview", body(owned_pool, "beta")).json()
+    assert preview["fits"] is True
+    created = post(offered_client, "reservations/create", body(owned_pool, "beta"))
+    assert created.status_code == 409 and created.json()["error"]["code"] == "QUOTA_EXCEEDED"
+    assert not Reservation.objects.exists()
