@@ -107,6 +107,11 @@ def main() -> None:
         thread.join(1800)
     connections.close_all()
 
+    # What the reconciler's next pass does: deliveries lost between a COMMIT and the
+    # restart reach their nodes (a retried create is answered, not redelivered).
+    from reservations.daemon import daemon_redeliver_missing
+
+    redelivered = daemon_redeliver_missing()
     problems = list(tally.failures)
     problems.extend(invariant_problems())
     keys = Counter(Reservation.objects.values_list("idempotency_key", flat=True))
@@ -122,6 +127,7 @@ def main() -> None:
                 "operations": tally.total,
                 "outcomes": dict(tally.counts),
                 "connectionsLost": lost["connection-lost"],
+                "redelivered": redelivered,
                 "problems": problems[:50],
             }
         )
