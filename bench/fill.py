@@ -116,7 +116,7 @@ def _drop_gist(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
     ).fetchall()
     for name, definition in constraints:
         conn.execute(f'ALTER TABLE device_bookings DROP CONSTRAINT "{name}"')  # type: ignore[arg-type]
-        rebuild.append(f'ALTER TABLE device_bookings ADD CONSTRAINT "{name}" {definition}')
+        rebuild.append(f'ALTER TABLE device_bookings ADD CONSTRAINT "{name}" {definition!s}')
     indexes = conn.execute(
         "SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"
         " JOIN pg_am am ON am.oid = i.relam"
@@ -125,7 +125,7 @@ def _drop_gist(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
     ).fetchall()
     for name, definition in indexes:
         conn.execute(f'DROP INDEX "{name}"')  # type: ignore[arg-type]
-        rebuild.append(definition)
+        rebuild.append(str(definition))
     return rebuild
 
 

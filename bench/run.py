@@ -21,6 +21,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +200,7 @@ def _reads(
         out["preview"] = {}
         for name, body in _preview_bodies(tenant, pool_id).items():
             result = latency_measure(
-                client=client, method="capacity/preview", body=lambda i, b=body: b, n=PREVIEW_SAMPLES
+                client=client, method="capacity/preview", body=_constant(body), n=PREVIEW_SAMPLES
             )
             out["preview"][name] = result.as_dict()
     with clock.step(f"{nodes} nodes: timeline 7 days / 336 buckets x{TIMELINE_SAMPLES}"):
@@ -216,6 +217,16 @@ def _reads(
         ).as_dict()
     client.close()
     return out
+
+
+def _constant(body: dict[str, Any]) -> Callable[[int], dict[str, Any]]:
+    """The same body for every call of a latency measurement."""
+    return lambda _i: body
+
+
+def _fixed_target(assigned: list[tuple[str, str]]) -> Callable[[int, int], tuple[str, str]]:
+    """Client i always books in `assigned[i]`."""
+    return lambda client, _op: assigned[client]
 
 
 def _assign(n: int, pools: dict[str, Any], mode: str) -> list[tuple[str, str]]:
@@ -259,7 +270,7 @@ def _throughput(
                 result = create_release_run(
                     clients=clients,
                     seconds=API_SECONDS,
-                    target=lambda c, o, assigned=assigned: assigned[c],
+                    target=_fixed_target(assigned),
                     run_id=f"{label}-{mode}-{n}".replace(" ", ""),
                 )
                 for client in clients:
@@ -282,14 +293,14 @@ def _throughput(
             for mode in modes if rollup == "row" else ("one pool",):
                 for n in CLIENT_LEVELS:
                     per_client = _split_atoms(_assign(n, pools, mode), atoms)
-                    result = floor_run(
+                    floor = floor_run(
                         conninfo=conninfo,
                         atoms=per_client,
                         seconds=FLOOR_SECONDS,
                         run_id=f"{'abc'[ROLLUP_MODES.index(rollup)]}{n:x}",
                         rollup=rollup,
                     )
-                    row = result.as_dict()
+                    row = floor.as_dict()
                     out.setdefault(key, {}).setdefault(mode, []).append(row)
                     console.print(f"  {key:16} {mode:8} {n:2} clients: {row['creates_per_s']:7.1f} creates/s")
     return out
