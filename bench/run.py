@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.database import BASE_DIR, BENCH_DB, Server, database_recreate, server_find
+from bench.database import BASE_DIR, BENCH_DB, Server, database_drop, database_recreate, server_find
 
 DOCS = BASE_DIR / "docs"
 OUT_DIR = DOCS / "benchmarks"
@@ -312,6 +312,11 @@ def main(argv: list[str] | None = None) -> None:
         "--sizes", default=",".join(str(s) for s in SIZES), help="fleet sizes, comma-separated"
     )
     parser.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks*")
+    parser.add_argument(
+        "--keep-db",
+        action="store_true",
+        help=f"keep {BENCH_DB} (the largest fleet) after the run, to inspect it",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 
@@ -362,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     from django.db import connections
 
     connections.close_all()
+    if not args.keep_db:
+        database_drop(server=server)
     if not args.no_docs:
         from bench.report import report_write
 
