@@ -10,6 +10,7 @@ that retries with its `idempotencyKey` ends up with exactly one reservation.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
@@ -162,7 +163,9 @@ def _create_until_answered(
         attempt += 1
         try:
             status, answer = http_post(url, "reservations/create", token, body, timeout=60)
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        except (urllib.error.URLError, http.client.HTTPException, OSError):
+            # Refused, reset, or cut halfway through the answer (IncompleteRead): the
+            # client does not know whether the create happened, so it asks again.
             counts["dropped"] += 1
             assert attempt < 2_000, "the servers never answered"
             time.sleep(0.05)  # back off while the master starts a new worker
@@ -198,21 +201,26 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
     queue = iter(bodies)
     stop_killing = threading.Event()
     kills: list[int] = []
+    client_errors: list[BaseException] = []
 
     with ServerGroup.start(count=2) as servers:
 
         def client() -> None:
             local: Counter[str] = Counter()
-            while True:
+            try:
+                while True:
+                    with lock:
+                        body = next(queue, None)
+                    if body is None:
+                        break
+                    answer = _create_until_answered(servers, tokens[body["tenantId"]], body, local)
+                    with lock:
+                        answers[body["idempotencyKey"]] = answer
+            except BaseException as exc:  # handed to the main thread: a client must never give up
+                client_errors.append(exc)
+            finally:
                 with lock:
-                    body = next(queue, None)
-                if body is None:
-                    break
-                answer = _create_until_answered(servers, tokens[body["tenantId"]], body, local)
-                with lock:
-                    answers[body["idempotencyKey"]] = answer
-            with lock:
-                counts.update(local)
+                    counts.update(local)
 
         def killer() -> None:
             # SIGKILL a serving worker (never the master, which starts a new one), the two
@@ -239,6 +247,8 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
             assert not thread.is_alive()
         stop_killing.set()
         killing.join(60)
+        assert not client_errors, client_errors
+        assert len(answers) == creates
         # Replay every create once more, as a client that never saw its answer would:
         # the same key answers the same reservation and makes nothing new.
         for body in bodies[:: max(1, creates // 50)]:

@@ -186,7 +186,7 @@ def http_post(
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
-        raw = error.read()
+        raw = error.read()  # may raise IncompleteRead if the server dies mid-answer; callers retry
         try:
             return error.code, json.loads(raw or b"null")
         except ValueError:
