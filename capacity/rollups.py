@@ -82,16 +82,49 @@ def rollup_apply_delta(*, pool_id: str, resource: str, allocated: int = 0, reser
         )
 
 
+# All of one pool's deltas in one statement. The rows are inserted (or
+# updated) in the order the SELECT produces them, resource by code point, the
+# order in which the rebuild locks them (`_LOCK_ROWS_SQL`), so a booking
+# transaction and a rebuild queue behind each other instead of deadlocking.
+_APPLY_DELTAS_SQL = """
+WITH d AS (
+    SELECT resource, allocated, reserved
+      FROM unnest(%(resources)s::varchar[], %(allocated)s::bigint[], %(reserved)s::bigint[])
+           AS d(resource, allocated, reserved)
+)
+INSERT INTO pool_capacity_rollup AS r (pool_id, resource, total, allocatable, allocated,
+    reserved, provisioning, unhealthy, maintenance, unreachable, updated_at)
+SELECT %(pool)s, d.resource, 0, 0, GREATEST(0, d.allocated), GREATEST(0, d.reserved),
+       0, 0, 0, 0, compute_now()
+  FROM d
+ ORDER BY d.resource COLLATE "C"
+ON CONFLICT (pool_id, resource) DO UPDATE
+   SET allocated = GREATEST(0, r.allocated + (SELECT d.allocated FROM d WHERE d.resource = r.resource)),
+       reserved = GREATEST(0, r.reserved + (SELECT d.reserved FROM d WHERE d.resource = r.resource)),
+       updated_at = compute_now()
+"""
+
+
 def rollup_apply_deltas(*, pool_id: str, deltas: Mapping[str, tuple[int, int]]) -> None:
     """Apply `{resource: (allocated, reserved)}` for one pool, in resource-name order.
 
     The rebuild locks a pool's rows ordered by resource; taking them in the
     same order here means a booking transaction and a rebuild queue behind each
-    other instead of deadlocking.
+    other instead of deadlocking. One statement whatever the number of resources.
     """
-    for resource in sorted(deltas):
-        allocated, reserved = deltas[resource]
-        rollup_apply_delta(pool_id=pool_id, resource=resource, allocated=allocated, reserved=reserved)
+    resources = sorted(name for name, (allocated, reserved) in deltas.items() if allocated or reserved)
+    if not resources:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _APPLY_DELTAS_SQL,
+            {
+                "pool": pool_id,
+                "resources": resources,
+                "allocated": [deltas[name][0] for name in resources],
+                "reserved": [deltas[name][1] for name in resources],
+            },
+        )
 
 
 # Step 1 of a rebuild: make sure every row the count may write exists, so that

@@ -42,13 +42,34 @@ PLATFORM_ONLY = frozenset({NODES_OPERATE, INVENTORY_REPORT})
 PLATFORM_ROLES = frozenset({Role.OPERATOR, Role.NODE_AGENT})
 
 
+# Where `core.authentication` leaves the principal's role bindings, read in
+# the same round trip as the token. Set on the per-request `Principal`
+# instance only, never cached across requests, so a revoked binding is seen
+# by the very next request.
+_BINDINGS_ATTR = "_role_bindings"
+
+
+def principal_bindings_set(principal: Principal, bindings: list[tuple[str, str | None]]) -> None:
+    """Attach `(role, tenant_id or None)` pairs, read with the token, to this request's principal."""
+    setattr(principal, _BINDINGS_ATTR, frozenset(bindings))
+
+
 def has_permission(*, principal: Principal, permission: str, tenant_id: str | None) -> bool:
     """Whether one of the principal's bindings grants `permission` on the tenant (None: the platform)."""
     roles = ROLES_HOLDING[permission]
-    scope = Q(tenant__isnull=True, role__in=roles & PLATFORM_ROLES)
-    if tenant_id is not None and permission not in PLATFORM_ONLY:
-        scope |= Q(tenant_id=tenant_id, role__in=roles)
-    return RoleBinding.objects.filter(scope, principal=principal).exists()
+    tenant_scoped = tenant_id is not None and permission not in PLATFORM_ONLY
+    bindings: frozenset[tuple[str, str | None]] | None = getattr(principal, _BINDINGS_ATTR, None)
+    if bindings is not None:
+        # The same rule as the query below, over the bindings authentication read.
+        return any(
+            (scope is None and role in roles & PLATFORM_ROLES)
+            or (tenant_scoped and scope == tenant_id and role in roles)
+            for role, scope in bindings
+        )
+    scope_q = Q(tenant__isnull=True, role__in=roles & PLATFORM_ROLES)
+    if tenant_scoped:
+        scope_q |= Q(tenant_id=tenant_id, role__in=roles)
+    return RoleBinding.objects.filter(scope_q, principal=principal).exists()
 
 
 def decide_tenant(*, principal: Principal, tenant_id: str, permission: str) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from django.db import OperationalError, connection, transaction
 
-from capacity.rollups import SCALAR_RESOURCES, rollup_apply_delta
+from capacity.rollups import SCALAR_RESOURCES, rollup_apply_deltas
 from capacity.schedulability import schedulable_sql
 from core.errors import NoCapacity, QuotaExceeded
 from inventory.models import Pool
@@ -251,63 +251,127 @@ def placement_charges(placement: Placement) -> dict[str, int]:
     return dict(charges)
 
 
+# Guard 5 for every resource of a placement in one statement. The UPDATE's
+# WHERE clause is the limit check, re-evaluated under each row's lock, so two
+# concurrent creates cannot both take the last units. `refused` lists the
+# resources that have a quota row the charge did not fit in (a missing row
+# means unlimited); the caller raises QUOTA_EXCEEDED and the transaction rolls
+# the other charges back. `locked` takes the rows in resource order before the
+# UPDATE touches them (whose join order is the planner's), so two creates or
+# releases of one tenant never lock them in opposite orders.
+_QUOTA_CHARGE_SQL = """
+WITH c AS (
+    SELECT resource, amount
+      FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS c(resource, amount)
+),
+locked AS (
+    SELECT q.id FROM quota_usage q
+     WHERE q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = ANY(%(resources)s::varchar[])
+     ORDER BY q.resource COLLATE "C"
+       FOR UPDATE
+),
+charged AS (
+    UPDATE quota_usage q SET used = q.used + c.amount
+      FROM c
+     WHERE q.id IN (SELECT id FROM locked) AND q.resource = c.resource
+       AND q.used + c.amount <= q.max
+    RETURNING q.resource
+)
+SELECT q.resource, q.used, q.max, c.amount
+  FROM c JOIN quota_usage q ON q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = c.resource
+ WHERE c.resource NOT IN (SELECT resource FROM charged)
+ ORDER BY q.resource COLLATE "C"
+"""
+
+
 def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int]) -> None:
-    """Guard 5: charge each resource with a guarded UPDATE; a missing row means unlimited."""
+    """Guard 5: charge every resource with one guarded UPDATE; a missing row means unlimited."""
+    resources = sorted(name for name, amount in charges.items() if amount > 0)
+    if not resources:
+        return
     with connection.cursor() as cursor:
-        for resource, amount in sorted(charges.items()):
-            if amount <= 0:
-                continue
-            # The WHERE clause is the limit check, re-evaluated under the row
-            # lock, so two concurrent creates cannot both take the last units.
-            cursor.execute(
-                "UPDATE quota_usage SET used = used + %s"
-                " WHERE pool_id = %s AND tenant_id = %s AND resource = %s AND used + %s <= max",
-                [amount, pool_id, tenant_id, resource, amount],
-            )
-            if cursor.rowcount == 1:
-                continue
-            cursor.execute(
-                "SELECT used, max FROM quota_usage WHERE pool_id = %s AND tenant_id = %s AND resource = %s",
-                [pool_id, tenant_id, resource],
-            )
-            row = cursor.fetchone()
-            if row is not None:
-                raise QuotaExceeded(
-                    f"quota for {resource} in this pool would be exceeded ({row[0]} used of {row[1]},"
-                    f" {amount} asked)",
-                    [
-                        {
-                            "field": "quota",
-                            "resource": resource,
-                            "used": row[0],
-                            "max": row[1],
-                            "asked": amount,
-                        }
-                    ],
-                )
+        cursor.execute(
+            _QUOTA_CHARGE_SQL,
+            {
+                "pool": pool_id,
+                "tenant": tenant_id,
+                "resources": resources,
+                "amounts": [charges[name] for name in resources],
+            },
+        )
+        refused = cursor.fetchall()
+    if refused:
+        resource, used, limit, amount = refused[0]
+        raise QuotaExceeded(
+            f"quota for {resource} in this pool would be exceeded ({used} used of {limit}, {amount} asked)",
+            [
+                {"field": "quota", "resource": resource, "used": used, "max": limit, "asked": amount}
+                for resource, used, limit, amount in refused
+            ],
+        )
 
 
 def placement_charge(*, placement: Placement, request: ReservationRequest) -> None:
-    """Quota and rollup deltas for a committed placement, in the same transaction."""
+    """Quota and rollup deltas for a committed placement, in the same transaction (two statements)."""
     charges = placement_charges(placement)
     quota_charge(pool_id=request.pool_id, tenant_id=request.tenant_id, charges=charges)
     started = placement.window.start <= placement.window.now
-    for resource, amount in sorted(charges.items()):
-        if resource in SCALAR_RESOURCES:
-            # Scalars are claimed from node_resources at once, whatever the start.
-            rollup_apply_delta(pool_id=request.pool_id, resource=resource, allocated=amount)
-        elif started:
-            rollup_apply_delta(pool_id=request.pool_id, resource=resource, allocated=amount)
+    deltas: dict[str, tuple[int, int]] = {}
+    for resource, amount in charges.items():
+        # Scalars are claimed from node_resources at once, whatever the start.
+        if resource in SCALAR_RESOURCES or started:
+            deltas[resource] = (amount, 0)
         else:
-            rollup_apply_delta(pool_id=request.pool_id, resource=resource, reserved=amount)
+            deltas[resource] = (0, amount)
+    rollup_apply_deltas(pool_id=request.pool_id, deltas=deltas)
 
 
-def reservation_cut(*, reservation_id: str, at: datetime, now: datetime) -> bool:
+# The scalars an allocation gives back, all of a reservation's nodes and
+# resources in one statement. `locked` takes the rows in (node, resource)
+# order first, so two give-backs never lock them in opposite orders.
+_SCALARS_GIVE_BACK_SQL = """
+WITH locked AS (
+    SELECT nr.id FROM inventory_noderesource nr
+     WHERE (nr.node_id, nr.resource) IN (SELECT * FROM unnest(%(nodes)s::varchar[], %(resources)s::varchar[]))
+     ORDER BY nr.node_id, nr.resource
+       FOR UPDATE
+)
+UPDATE inventory_noderesource nr SET allocated = GREATEST(0, nr.allocated - g.amount)
+  FROM (SELECT node_id, resource, sum(amount) AS amount
+          FROM unnest(%(nodes)s::varchar[], %(resources)s::varchar[], %(amounts)s::bigint[])
+               AS g(node_id, resource, amount)
+         GROUP BY node_id, resource) g
+ WHERE nr.id IN (SELECT id FROM locked) AND nr.node_id = g.node_id AND nr.resource = g.resource
+"""
+
+_QUOTA_GIVE_BACK_SQL = """
+WITH locked AS (
+    SELECT q.id FROM quota_usage q
+     WHERE q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = ANY(%(resources)s::varchar[])
+     ORDER BY q.resource COLLATE "C"
+       FOR UPDATE
+)
+UPDATE quota_usage q SET used = GREATEST(0, q.used - g.amount)
+  FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS g(resource, amount)
+ WHERE q.id IN (SELECT id FROM locked) AND q.resource = g.resource
+"""
+
+
+def reservation_cut(
+    *,
+    reservation_id: str,
+    at: datetime,
+    now: datetime,
+    pool_id: str | None = None,
+    tenant_id: str | None = None,
+) -> bool:
     """End a reservation's bookings at `at`: later ones are deleted, running ones shortened.
 
     Gives back its scalars, quota and rollup counts once (the allocations'
     `released` flag is flipped with a guarded UPDATE, so a second cut gives
-    nothing back twice). Returns whether anything was given back.
+    nothing back twice). Returns whether anything was given back. A caller
+    that holds the reservation row passes its `pool_id` and `tenant_id`,
+    which saves reading them again.
     """
     with connection.cursor() as cursor:
         cursor.execute(
@@ -338,10 +402,12 @@ def reservation_cut(*, reservation_id: str, at: datetime, now: datetime) -> bool
             " WHERE allocation_id = ANY(%s) AND upper(during) > %s",
             [at, allocation_ids, at],
         )
-        cursor.execute(
-            "SELECT pool_id, tenant_id FROM reservations_reservation WHERE id = %s", [reservation_id]
-        )
-        pool_id, tenant_id = cursor.fetchone()  # type: ignore[misc]
+        if pool_id is None or tenant_id is None:
+            cursor.execute(
+                "SELECT pool_id, tenant_id FROM reservations_reservation WHERE id = %s", [reservation_id]
+            )
+            pool_id, tenant_id = cursor.fetchone()  # type: ignore[misc]
+        assert pool_id is not None and tenant_id is not None
 
         quota: Counter[str] = Counter()
         allocated: Counter[str] = Counter()
@@ -352,6 +418,7 @@ def reservation_cut(*, reservation_id: str, at: datetime, now: datetime) -> bool
                 reserved[device_class] += count
             elif started and running and at <= now:
                 allocated[device_class] += count
+        scalars: list[tuple[str, str, int]] = []
         for _id, node_id, resources in allocations:
             if isinstance(resources, str):  # Django leaves raw jsonb as text
                 resources = json.loads(resources)
@@ -359,23 +426,37 @@ def reservation_cut(*, reservation_id: str, at: datetime, now: datetime) -> bool
                 amount = int(amount)
                 if amount <= 0:
                     continue
-                cursor.execute(
-                    "UPDATE inventory_noderesource SET allocated = GREATEST(0, allocated - %s)"
-                    " WHERE node_id = %s AND resource = %s",
-                    [amount, node_id, resource],
-                )
+                scalars.append((node_id, resource, amount))
                 quota[resource] += amount
                 allocated[resource] += amount
-        for resource, amount in sorted(quota.items()):
+        if scalars:
+            scalars.sort()
             cursor.execute(
-                "UPDATE quota_usage SET used = GREATEST(0, used - %s)"
-                " WHERE pool_id = %s AND tenant_id = %s AND resource = %s",
-                [amount, pool_id, tenant_id, resource],
+                _SCALARS_GIVE_BACK_SQL,
+                {
+                    "nodes": [row[0] for row in scalars],
+                    "resources": [row[1] for row in scalars],
+                    "amounts": [row[2] for row in scalars],
+                },
             )
-    for resource in sorted(set(allocated) | set(reserved)):
-        rollup_apply_delta(
-            pool_id=pool_id, resource=resource, allocated=-allocated[resource], reserved=-reserved[resource]
-        )
+        given = sorted(name for name, amount in quota.items() if amount > 0)
+        if given:
+            cursor.execute(
+                _QUOTA_GIVE_BACK_SQL,
+                {
+                    "pool": pool_id,
+                    "tenant": tenant_id,
+                    "resources": given,
+                    "amounts": [quota[name] for name in given],
+                },
+            )
+    rollup_apply_deltas(
+        pool_id=pool_id,
+        deltas={
+            resource: (-allocated[resource], -reserved[resource])
+            for resource in set(allocated) | set(reserved)
+        },
+    )
     return True
 
 
