@@ -13,7 +13,8 @@ import binascii
 from datetime import datetime
 from typing import Any
 
-from django.db.models import CharField, Prefetch, Q, QuerySet
+from django.contrib.postgres.expressions import ArraySubquery
+from django.db.models import CharField, DateTimeField, OuterRef, Prefetch, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from core.errors import InvalidInput, NotFound
@@ -41,11 +42,27 @@ def _with_state(queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
 
 
 def _with_allocations(queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
-    bookings = DeviceBooking.objects.select_related("device").order_by("device__uid")
-    allocations = Allocation.objects.order_by("created_at", "id").prefetch_related(
-        Prefetch("bookings", queryset=bookings)
+    # One query for every allocation of the page with its atoms' uids (ordered
+    # by uid), instead of one for allocations and one for bookings and devices.
+    uids = ArraySubquery(
+        DeviceBooking.objects.filter(allocation=OuterRef("pk")).order_by("device__uid").values("device__uid")
     )
+    allocations = Allocation.objects.order_by("created_at", "id").annotate(atom_uids=uids)
     return queryset.prefetch_related(Prefetch("allocations", queryset=allocations))
+
+
+def reservation_lock(*, reservation_id: str, tenant_id: str | None = None) -> Reservation | None:
+    """The reservation row locked `FOR UPDATE`, with its derived state and `compute_now()` (one query).
+
+    The lock serializes concurrent releases, renewals and spot notices of one
+    reservation; `tenant_id` (when given) makes another tenant's reservation
+    look absent.
+    """
+    queryset = Reservation.objects.filter(pk=reservation_id)
+    if tenant_id is not None:
+        queryset = queryset.filter(tenant_id=tenant_id)
+    now = RawSQL("compute_now()", [], output_field=DateTimeField())
+    return _with_state(queryset).annotate(db_now=now).select_for_update(of=("self",)).first()
 
 
 def reservation_state(reservation: Reservation) -> str:
@@ -116,20 +133,31 @@ def reservation_list(
     return page, next_cursor
 
 
-def reservation_payload(reservation: Reservation) -> dict[str, Any]:
-    """The contract's reservation object (times in epoch milliseconds)."""
+def reservation_payload(reservation: Reservation, *, state: str | None = None) -> dict[str, Any]:
+    """The contract's reservation object (times in epoch milliseconds).
+
+    `state`: the state the caller already knows (a create that just placed it),
+    else the derived one.
+    """
     from core.clock import to_millis
 
-    allocations = []
-    for allocation in reservation.allocations.all():
-        allocations.append(
-            {
-                "id": allocation.id,
-                "nodeId": allocation.node_id,
-                "atoms": [booking.device.uid for booking in allocation.bookings.all()],
-                "resources": dict(allocation.resources or {}),
-            }
-        )
+    # A reservation just placed carries its allocations from the placement
+    # (nothing to read back); one read by a selector has them prefetched.
+    allocations: list[dict[str, Any]] | None = getattr(reservation, "allocations_payload", None)
+    if allocations is None:
+        allocations = []
+        for allocation in reservation.allocations.all():
+            atoms = getattr(allocation, "atom_uids", None)
+            if atoms is None:
+                atoms = allocation.bookings.order_by("device__uid").values_list("device__uid", flat=True)
+            allocations.append(
+                {
+                    "id": allocation.id,
+                    "nodeId": allocation.node_id,
+                    "atoms": list(atoms),
+                    "resources": dict(allocation.resources or {}),
+                }
+            )
     notice = None
     if reservation.notice_at is not None:
         notice = {"at": to_millis(reservation.notice_at), "endsAt": to_millis(reservation.notice_ends_at)}
@@ -138,7 +166,7 @@ def reservation_payload(reservation: Reservation) -> dict[str, Any]:
         "tenantId": reservation.tenant_id,
         "poolId": reservation.pool_id,
         "projectId": reservation.project_id,
-        "state": reservation_state(reservation),
+        "state": state or reservation_state(reservation),
         "spot": reservation.spot,
         "binding": reservation.binding,
         "start": to_millis(reservation.starts_at),

@@ -57,10 +57,11 @@ def _existing(request: ReservationRequest) -> Reservation | None:
     ).first()
 
 
-def _pool_for(request: ReservationRequest) -> Pool:
+def _pool_for(request: ReservationRequest, pool: Pool | None = None) -> Pool:
     from core.decisions import visible_pools
 
-    pool = visible_pools(tenant_id=request.tenant_id).filter(pk=request.pool_id).first()
+    if pool is None or pool.pk != request.pool_id:
+        pool = visible_pools(tenant_id=request.tenant_id).filter(pk=request.pool_id).first()
     if pool is None:
         raise NotFound("pool not found")
     if (
@@ -71,9 +72,11 @@ def _pool_for(request: ReservationRequest) -> Pool:
     return pool
 
 
-def _create_once(*, request: ReservationRequest, digest: str, actor: str) -> tuple[Reservation, bool]:
+def _create_once(
+    *, request: ReservationRequest, digest: str, actor: str, pool: Pool | None = None
+) -> tuple[Reservation, bool]:
     with transaction.atomic():
-        pool = _pool_for(request)
+        pool = _pool_for(request, pool)
         window = placement_window(request=request)
         reservation = Reservation(
             tenant_id=request.tenant_id,
@@ -117,6 +120,17 @@ def _create_once(*, request: ReservationRequest, digest: str, actor: str) -> tup
             reservation.state = "active" if placement.window.start <= placement.window.now else "scheduled"
             reservation.save(update_fields=["starts_at", "ends_at", "state"])
         placement_charge(placement=placement, request=request)
+        # The answer is built from what was just written, not read back.
+        reservation.allocations_payload = [  # type: ignore[attr-defined]
+            {
+                "id": allocation.id,
+                "nodeId": allocation.node_id,
+                "atoms": sorted(member.atoms),
+                "resources": dict(allocation.resources or {}),
+            }
+            # Allocations of one transaction share `created_at`; the selectors order them by id next.
+            for allocation, member in sorted(placement.allocations, key=lambda taken: taken[0].id)
+        ]
         reservation_id = reservation.id
         displaced = list(placement.displaced_reservations)
 
@@ -159,11 +173,14 @@ def _wait_for_release(*, pool_id: str, seconds: float) -> None:
                 return
 
 
-def reservation_create(*, request: ReservationRequest, actor: str) -> tuple[Reservation, bool]:
+def reservation_create(
+    *, request: ReservationRequest, actor: str, pool: Pool | None = None
+) -> tuple[Reservation, bool]:
     """Place and book the request; return the reservation and whether it was created now.
 
     Idempotent per (tenant, idempotencyKey): the same request returns the same
-    reservation, a different one raises `IdempotencyConflict`.
+    reservation, a different one raises `IdempotencyConflict`. `pool` is the
+    pool the caller's decision already found visible (saves reading it again).
     """
     digest = request_digest(request)
     existing = _existing(request)
@@ -173,14 +190,14 @@ def reservation_create(*, request: ReservationRequest, actor: str) -> tuple[Rese
     # caller that already holds a transaction gets one attempt.
     can_wait = request.wait_timeout_ms > 0 and not connection.in_atomic_block
     if not can_wait:
-        return _create_once(request=request, digest=digest, actor=actor)
+        return _create_once(request=request, digest=digest, actor=actor, pool=pool)
     deadline = time.monotonic() + request.wait_timeout_ms / 1000
     connection.ensure_connection()
     _listen()
     try:
         while True:
             try:
-                return _create_once(request=request, digest=digest, actor=actor)
+                return _create_once(request=request, digest=digest, actor=actor, pool=pool)
             except NoCapacity:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -188,20 +205,26 @@ def reservation_create(*, request: ReservationRequest, actor: str) -> tuple[Rese
                 _wait_for_release(pool_id=request.pool_id, seconds=remaining)
                 if time.monotonic() >= deadline:
                     # One last attempt: the release may have landed right at the deadline.
-                    return _create_once(request=request, digest=digest, actor=actor)
+                    return _create_once(request=request, digest=digest, actor=actor, pool=pool)
     finally:
         _unlisten()
 
 
-def reservation_release(*, reservation: Reservation, actor: str, reason: str = "") -> Reservation:
+def reservation_release(
+    *, reservation: Reservation, actor: str, reason: str = "", tenant_id: str | None = None
+) -> Reservation:
     """End the reservation now: running bookings end at `compute_now()`, future ones are deleted.
 
-    Scalars, quota and rollup counts are given back once; releasing twice is harmless.
+    Scalars, quota and rollup counts are given back once; releasing twice is
+    harmless. With `tenant_id`, another tenant's reservation is NOT_FOUND
+    (only `reservation.pk` is read, so the API passes an unsaved stub).
     """
     attempts = 1 if connection.in_atomic_block else RELEASE_ATTEMPTS
     for attempt in range(attempts):
         try:
-            return _release_once(reservation=reservation, actor=actor, reason=reason)
+            return _release_once(
+                reservation_id=reservation.pk, actor=actor, reason=reason, tenant_id=tenant_id
+            )
         except OperationalError as exc:
             # A gang placement can hold one node's scalar row while it waits for
             # this release's bookings; PostgreSQL breaks that cycle by failing
@@ -211,30 +234,36 @@ def reservation_release(*, reservation: Reservation, actor: str, reason: str = "
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _release_once(*, reservation: Reservation, actor: str, reason: str) -> Reservation:
-    with transaction.atomic():
-        # Serializes concurrent releases (and a spot notice) of one reservation.
-        locked = Reservation.objects.select_for_update().get(pk=reservation.pk)
-        from reservations.selectors import reservation_state
+def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: str | None) -> Reservation:
+    from reservations.selectors import reservation_lock, reservation_state
 
+    with transaction.atomic():
+        # Serializes concurrent releases (and a spot notice) of one reservation;
+        # the same query reads its derived state and the database's clock.
+        locked = reservation_lock(reservation_id=reservation_id, tenant_id=tenant_id)
+        if locked is None:
+            raise NotFound("reservation not found")
         if reservation_state(locked) in ("released", "preempted", "ended"):
             # Nothing runs any more: its claims were (or will be) settled once, its bookings are history.
             return locked
-        now = placement_now()
-        reservation_cut(reservation_id=locked.pk, at=now, now=now)
+        now = locked.db_now  # type: ignore[attr-defined]
+        reservation_cut(
+            reservation_id=locked.pk, at=now, now=now, pool_id=locked.pool_id, tenant_id=locked.tenant_id
+        )
         locked.state = "released"
+        locked.derived_state = "released"  # type: ignore[attr-defined]
         locked.released_at = now
         locked.release_reason = reason or f"released by {actor}"
         locked.save(update_fields=["state", "released_at", "release_reason"])
         with connection.cursor() as cursor:
             # Delivered when this transaction commits, to creates waiting on this pool.
             cursor.execute("SELECT pg_notify(%s, %s)", [RELEASE_CHANNEL, locked.pool_id])
-        reservation_id = locked.pk
+        released_id = locked.pk
 
         def tell_daemon() -> None:
             from reservations.daemon import daemon_shorten
 
-            daemon_shorten(reservation_id=reservation_id)
+            daemon_shorten(reservation_id=released_id)
 
         transaction.on_commit(tell_daemon)
     return locked

@@ -26,6 +26,7 @@ from reservations.api.serializers import (
     ReservationOutput,
     ReservationRefInput,
 )
+from reservations.models import Reservation
 from reservations.request import ReservationRequestSerializer, parse_reservation_request
 from reservations.selectors import (
     capacity_preview,
@@ -40,7 +41,10 @@ CONFLICTS: dict[int, type[serializers.Serializer]] = {409: ErrorSerializer}
 
 def _reservation_response(tenant_id: str, reservation_id: str, *, status: int = 200) -> Response:
     reservation = reservation_get(tenant_id=tenant_id, reservation_id=reservation_id)
-    return rpc_output(ReservationOutput, reservation_payload(reservation), status=status)
+    # `reservation_payload` already answers in the contract's shape (plain ints
+    # and strings); `ReservationOutput` documents it (OpenAPI) without a second
+    # pass through DRF fields on the hot path.
+    return Response(reservation_payload(reservation), status=status)
 
 
 class ReservationsViewSet(RpcViewSet):
@@ -63,11 +67,16 @@ class ReservationsViewSet(RpcViewSet):
     def create_reservation(self, request: Request) -> Response:
         body = parse_reservation_request(request.data)
         principal = principal_of(request)
-        decide_pool(
+        pool = decide_pool(
             principal=principal, tenant_id=body.tenant_id, pool_id=body.pool_id, permission=RESERVATIONS_WRITE
         )
-        reservation, created = reservation_create(request=body, actor=principal.pk)
-        return _reservation_response(body.tenant_id, reservation.pk, status=201 if created else 200)
+        reservation, created = reservation_create(request=body, actor=principal.pk, pool=pool)
+        if created:
+            # Built from what the create wrote: nothing to read back. Its stored
+            # state (active or scheduled, by the database clock of this create)
+            # is its derived state at this instant.
+            return Response(reservation_payload(reservation, state=reservation.state), status=201)
+        return _reservation_response(body.tenant_id, reservation.pk)
 
     @rpc_action("get", request=ReservationRefInput, response=ReservationOutput, summary="One reservation")
     def get_reservation(self, request: Request) -> Response:
@@ -115,8 +124,12 @@ class ReservationsViewSet(RpcViewSet):
         data = rpc_input(request, ReservationRefInput)
         principal = principal_of(request)
         decide_tenant(principal=principal, tenant_id=data["tenant_id"], permission=RESERVATIONS_WRITE)
-        reservation = reservation_get(tenant_id=data["tenant_id"], reservation_id=data["reservation_id"])
-        reservation_release(reservation=reservation, actor=principal.pk)
+        # The service locks the row filtered by tenant (NOT_FOUND otherwise): no read before it.
+        reservation = reservation_release(
+            reservation=Reservation(pk=data["reservation_id"]),
+            actor=principal.pk,
+            tenant_id=data["tenant_id"],
+        )
         return _reservation_response(data["tenant_id"], reservation.pk)
 
     @rpc_action(
