@@ -115,21 +115,40 @@ def _insert_bookings(*, allocation_id: str, device_ids: list[int], window: Windo
         return cursor.rowcount == len(device_ids)
 
 
+# Guard 3 for every scalar of a member in one statement: the WHERE clause is
+# the capacity check, evaluated on the latest row version under the row lock,
+# so two claims can never both fit the last units. `locked` takes the rows in
+# resource order first (the UPDATE's join order is the planner's), so two
+# placements on one node never lock them in opposite orders.
+_CLAIM_SCALARS_SQL = """
+WITH c AS (
+    SELECT resource, amount
+      FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS c(resource, amount)
+),
+locked AS (
+    SELECT nr.id FROM inventory_noderesource nr
+     WHERE nr.node_id = %(node)s AND nr.resource = ANY(%(resources)s::varchar[])
+     ORDER BY nr.resource COLLATE "C"
+       FOR UPDATE
+)
+UPDATE inventory_noderesource nr SET allocated = nr.allocated + c.amount
+  FROM c
+ WHERE nr.id IN (SELECT id FROM locked) AND nr.resource = c.resource
+   AND nr.allocated + c.amount <= floor(nr.allocatable * nr.ratio)
+"""
+
+
 def _claim_scalars(*, node_id: str, resources: dict[str, int]) -> bool:
-    # Guard 3: the WHERE clause is the capacity check, evaluated on the latest
-    # row version under the row lock, so two claims can never both fit the last units.
+    """Claim every scalar or none: a short row count (one did not fit, or the node lacks it) loses."""
+    names = sorted(name for name, amount in resources.items() if amount > 0)
+    if not names:
+        return True
     with connection.cursor() as cursor:
-        for resource, amount in sorted(resources.items()):
-            if amount <= 0:
-                continue
-            cursor.execute(
-                "UPDATE inventory_noderesource SET allocated = allocated + %s"
-                " WHERE node_id = %s AND resource = %s AND allocated + %s <= floor(allocatable * ratio)",
-                [amount, node_id, resource, amount],
-            )
-            if cursor.rowcount != 1:
-                return False
-    return True
+        cursor.execute(
+            _CLAIM_SCALARS_SQL,
+            {"node": node_id, "resources": names, "amounts": [resources[name] for name in names]},
+        )
+        return cursor.rowcount == len(names)
 
 
 def _displace_spot(*, device_ids: list[int], window: Window) -> list[str]:
