@@ -26,7 +26,7 @@ TOKEN_PREFIX = "bc_"  # noqa: S105 (a public prefix, not a secret)
 # is older than the resolution, computed by the database clock.
 _AUTH_SQL = """
 SELECT t.id, t.digest, p.id, p.name,
-       (t.last_used_at IS NULL OR t.last_used_at < compute_now() - %s::interval) AS stale,
+       (t.last_used_at IS NULL OR t.last_used_at < compute_now() - make_interval(secs => %s)) AS stale,
        (SELECT array_agg(ARRAY[b.role, b.tenant_id]) FROM core_rolebinding b WHERE b.principal_id = p.id)
   FROM core_apitoken t
   JOIN core_principal p ON p.id = t.principal_id
@@ -58,7 +58,7 @@ class BearerTokenAuthentication(BaseAuthentication):
         # every role binding of that principal (the decisions of this request
         # read them from memory), and whether `last_used_at` is due a write.
         with connection.cursor() as cursor:
-            cursor.execute(_AUTH_SQL, [LAST_USED_RESOLUTION, digest])
+            cursor.execute(_AUTH_SQL, [LAST_USED_RESOLUTION.total_seconds(), digest])
             row = cursor.fetchone()
         if row is None or not hmac.compare_digest(row[1], digest):
             raise Unauthenticated("a valid bearer token is required")

@@ -14,7 +14,15 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.postgres.expressions import ArraySubquery
-from django.db.models import CharField, DateTimeField, OuterRef, Prefetch, Q, QuerySet
+from django.db.models import (
+    CharField,
+    DateTimeField,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    prefetch_related_objects,
+)
 from django.db.models.expressions import RawSQL
 
 from core.errors import InvalidInput, NotFound
@@ -41,14 +49,24 @@ def _with_state(queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
     return queryset.annotate(derived_state=state)
 
 
-def _with_allocations(queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
+def _allocations_prefetch() -> Prefetch[Any]:
     # One query for every allocation of the page with its atoms' uids (ordered
     # by uid), instead of one for allocations and one for bookings and devices.
     uids = ArraySubquery(
         DeviceBooking.objects.filter(allocation=OuterRef("pk")).order_by("device__uid").values("device__uid")
     )
     allocations = Allocation.objects.order_by("created_at", "id").annotate(atom_uids=uids)
-    return queryset.prefetch_related(Prefetch("allocations", queryset=allocations))
+    return Prefetch("allocations", queryset=allocations)
+
+
+def _with_allocations(queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
+    return queryset.prefetch_related(_allocations_prefetch())
+
+
+def reservation_allocations_load(reservation: Reservation) -> Reservation:
+    """Load the allocations with their atoms onto a reservation already in hand (one query)."""
+    prefetch_related_objects([reservation], _allocations_prefetch())
+    return reservation
 
 
 def reservation_lock(*, reservation_id: str, tenant_id: str | None = None) -> Reservation | None:

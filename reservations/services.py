@@ -13,6 +13,7 @@ the timeout. There is no sleep loop.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from datetime import timedelta
@@ -72,6 +73,37 @@ def _pool_for(request: ReservationRequest, pool: Pool | None = None) -> Pool:
     return pool
 
 
+_INSERT_RESERVATION_SQL = """
+INSERT INTO reservations_reservation (id, tenant_id, pool_id, project_id, request, request_digest,
+    idempotency_key, spot, binding, starts_at, ends_at, state, lease_seconds, lease_expires_at,
+    release_reason, created_at)
+VALUES (%(id)s, %(tenant_id)s, %(pool_id)s, %(project_id)s, %(request)s::jsonb, %(request_digest)s,
+    %(idempotency_key)s, %(spot)s, %(binding)s, %(starts_at)s, %(ends_at)s, %(state)s, %(lease_seconds)s,
+    %(lease_expires_at)s, '', compute_now())
+ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+RETURNING created_at
+"""
+
+
+def _insert_params(reservation: Reservation) -> dict[str, Any]:
+    return {
+        "id": reservation.id,
+        "tenant_id": reservation.tenant_id,
+        "pool_id": reservation.pool_id,
+        "project_id": reservation.project_id,
+        "request": json.dumps(reservation.request),
+        "request_digest": reservation.request_digest,
+        "idempotency_key": reservation.idempotency_key,
+        "spot": reservation.spot,
+        "binding": reservation.binding,
+        "starts_at": reservation.starts_at,
+        "ends_at": reservation.ends_at,
+        "state": reservation.state,
+        "lease_seconds": reservation.lease_seconds,
+        "lease_expires_at": reservation.lease_expires_at,
+    }
+
+
 def _create_once(
     *, request: ReservationRequest, digest: str, actor: str, pool: Pool | None = None
 ) -> tuple[Reservation, bool]:
@@ -95,22 +127,20 @@ def _create_once(
                 window.now + timedelta(seconds=request.lease_seconds) if request.lease_seconds else None
             ),
         )
-        try:
-            # The unique (tenant, idempotency_key) index decides a race of two
-            # identical creates: the second INSERT waits for the first
-            # transaction and fails only if it committed.
-            with transaction.atomic():
-                reservation.save(force_insert=True)
-        except IntegrityError as exc:
-            if (
-                getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
-                != IDEMPOTENCY_CONSTRAINT
-            ):
-                raise
+        # The unique (tenant, idempotency_key) index decides a race of two
+        # identical creates: the second INSERT waits for the first transaction
+        # and, if it committed, inserts nothing (no error, so no savepoint is
+        # needed around it); the winner's reservation is then answered.
+        with connection.cursor() as cursor:
+            cursor.execute(_INSERT_RESERVATION_SQL, _insert_params(reservation))
+            inserted = cursor.fetchone()
+        if inserted is None:
             existing = _existing(request)
             if existing is None:  # pragma: no cover - the winner committed, so it is visible
-                raise
+                raise IntegrityError(f"{IDEMPOTENCY_CONSTRAINT}: the winning create is not visible")
             return _same_or_conflict(existing, digest), False
+        reservation.created_at = inserted[0]
+        reservation._state.adding = False
 
         placement = placement_commit(reservation=reservation, request=request, pool=pool, window=window)
         if placement.window != window:

@@ -28,15 +28,15 @@ from tests.factories import (
 
 # Token + principal + bindings, and whether `last_used_at` is due: one statement.
 AUTH = 1
-# create: auth, the pool, the idempotency look-up, the transaction's savepoints,
+# create: auth, the pool, the idempotency look-up, the transaction's savepoint,
 # the clock, the reservation insert, the two plan queries, then per member the
 # node lock, the atoms lock, the allocation, the bookings and the scalar claim,
 # and one statement each for quota and rollups.
-CREATE_MAX = 20
+CREATE_MAX = 18
 # release: auth, the locked row with its state and clock, the cut (allocations,
 # counts, delete, shorten, scalars, quota, rollups), the row update, the
-# notification, savepoints, then the answer (reservation, allocations with atoms).
-RELEASE_MAX = 16
+# notification, the savepoint and its release, then the allocations with their atoms.
+RELEASE_MAX = 15
 # summary and byPool: auth, the pools, the rollup rows.
 READ_MAX = 3
 
