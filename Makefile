@@ -21,7 +21,7 @@ run: $(STAMP)
 	DEBUG=1 $(BIN)/python manage.py migrate --no-input
 	DEBUG=1 $(BIN)/python manage.py load_fleet $(DEMO_FLEET) > /dev/null
 	DEBUG=1 $(BIN)/python manage.py rebuild_rollups
-	DEBUG=1 $(BIN)/python manage.py ensure_admin
+	DEBUG=1 $(BIN)/python manage.py ensure_admin --url http://$(HOST):$(PORT)/admin/
 	DEBUG=1 $(BIN)/python manage.py runserver $(HOST):$(PORT)
 
 test: $(STAMP)

@@ -22,7 +22,11 @@ def admin_login_path() -> Path:
 class Command(BaseCommand):
     help = "Create the superuser 'admin' with a generated password if it does not exist; print the login."
 
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--url", default=ADMIN_URL, help="Where the admin is served, for the message.")
+
     def handle(self, *args: Any, **options: Any) -> None:
+        admin_url = options["url"]
         users = get_user_model()
         path = admin_login_path()
         if not users.objects.filter(username=ADMIN_USER).exists():
@@ -35,7 +39,7 @@ class Command(BaseCommand):
         else:
             # The user exists but its password was set elsewhere: we do not reset it.
             self.stdout.write(
-                f"Admin: {ADMIN_URL}  user: {ADMIN_USER}  password: (set elsewhere, not stored)"
+                f"Admin: {admin_url}  user: {ADMIN_USER}  password: (set elsewhere, not stored)"
             )
             return
-        self.stdout.write(f"Admin: {ADMIN_URL}  user: {ADMIN_USER}  password: {password}")
+        self.stdout.write(f"Admin: {admin_url}  user: {ADMIN_USER}  password: {password}")
