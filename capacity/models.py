@@ -6,6 +6,20 @@ from django.db import models
 from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest
 
+# The counts of a rollup row, in the contract's order; the API, the CLI and the
+# admin all show these columns.
+ROLLUP_COUNTS = (
+    "total",
+    "allocatable",
+    "allocated",
+    "reserved",
+    "available",
+    "provisioning",
+    "unhealthy",
+    "maintenance",
+    "unreachable",
+)
+
 
 class PoolCapacityRollup(models.Model):
     """One row per pool and resource; the only thing capacity reads ever scan."""

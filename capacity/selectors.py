@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 
-from capacity.models import PoolCapacityRollup
+from capacity.models import ROLLUP_COUNTS, PoolCapacityRollup
 from core.decisions import visible_pools
 
 OTHER_GPU_MODEL = "other"
@@ -22,33 +22,8 @@ SUMMED_FIELDS = ("total", "allocatable", "allocated", "reserved", "available")
 # The columns a row is made of, read as plain values: building model instances
 # (and parsing `updated_at` into a datetime, only to turn it back into
 # milliseconds) costs more than the query on the summary's hundred rows.
-_ROW_FIELDS = (
-    "pool_id",
-    "resource",
-    "total",
-    "allocatable",
-    "allocated",
-    "reserved",
-    "available",
-    "provisioning",
-    "unhealthy",
-    "maintenance",
-    "unreachable",
-)
-_ROW_KEYS = (
-    "poolId",
-    "resource",
-    "total",
-    "allocatable",
-    "allocated",
-    "reserved",
-    "available",
-    "provisioning",
-    "unhealthy",
-    "maintenance",
-    "unreachable",
-    "updatedAt",
-)
+_ROW_FIELDS = ("pool_id", "resource", *ROLLUP_COUNTS)
+_ROW_KEYS = ("poolId", "resource", *ROLLUP_COUNTS, "updatedAt")
 # Milliseconds since the epoch, computed by the database (as `to_millis` would).
 _UPDATED_MS = RawSQL("floor(extract(epoch FROM pool_capacity_rollup.updated_at) * 1000)::bigint", ())
 

@@ -28,7 +28,7 @@ from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 
 from capacity import charts
-from capacity.models import PoolCapacityRollup
+from capacity.models import ROLLUP_COUNTS, PoolCapacityRollup
 from capacity.schedulability import BUCKETS, EXCLUDED, SCHEDULABLE, node_bucket, predicate_terms
 from core.admin import OptionalReasonForm, ReasonForm, admin_actor, plural
 from core.errors import DomainError
@@ -200,17 +200,7 @@ class DeviceAdmin(admin.ModelAdmin):
 
 # --- pools ------------------------------------------------------------------------------------
 
-ROLLUP_COLUMNS = (
-    "total",
-    "allocatable",
-    "allocated",
-    "reserved",
-    "available",
-    "provisioning",
-    "unhealthy",
-    "maintenance",
-    "unreachable",
-)
+ROLLUP_COLUMNS = ROLLUP_COUNTS
 
 
 @dataclass(frozen=True)

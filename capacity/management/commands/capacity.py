@@ -13,21 +13,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from capacity.models import ROLLUP_COUNTS
 from capacity.selectors import capacity_summary, rollup_rows
 from core.decisions import visible_pools
 
-ROW_COLUMNS = (
-    "resource",
-    "total",
-    "allocatable",
-    "allocated",
-    "reserved",
-    "available",
-    "provisioning",
-    "unhealthy",
-    "maintenance",
-    "unreachable",
-)
+ROW_COLUMNS = ("resource", *ROLLUP_COUNTS)
 BAR_WIDTH = 30
 
 
