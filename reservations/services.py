@@ -22,11 +22,12 @@ from typing import Any
 from django.db import IntegrityError, OperationalError, connection, transaction
 
 from capacity.reconciler import reconcile_hook_register
+from core.clock import compute_now
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
 from inventory.models import Pool, Project
 from reservations.models import Reservation
 from reservations.placer.commit import placement_charge, placement_commit, reservation_cut
-from reservations.placer.plan import placement_now, placement_window
+from reservations.placer.plan import placement_window
 from reservations.request import canonical_request_digest
 from reservations.request_types import ReservationRequest
 
@@ -314,7 +315,7 @@ def reservation_renew(*, reservation: Reservation, actor: str) -> Reservation:
             raise Conflict(
                 f"a {state} reservation cannot be renewed", [{"field": "reservationId", "message": state}]
             )
-        now = placement_now()
+        now = compute_now()
         locked.lease_expires_at = now + timedelta(seconds=locked.lease_seconds)
         locked.save(update_fields=["lease_expires_at"])
     return locked
@@ -360,7 +361,7 @@ def reservation_settle_ended(*, limit: int = 500) -> int:
     settled = 0
     while True:
         with transaction.atomic():
-            now = placement_now()
+            now = compute_now()
             due = list(
                 Reservation.objects.select_for_update(skip_locked=True)
                 .filter(state__in=["scheduled", "active"], ends_at__lte=_now_expr())

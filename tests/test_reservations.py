@@ -11,13 +11,12 @@ import pytest
 from django.db import connection, connections
 from rest_framework.test import APIClient
 
-from core.clock import set_clock_offset
+from core.clock import compute_now, set_clock_offset
 from core.errors import IdempotencyConflict, NoCapacity
 from inventory.models import Node, NodeResource, Pool
 from reservations import services
 from reservations.cli import preview_command
 from reservations.models import Allocation, DeviceBooking, Reservation
-from reservations.placer.plan import placement_now
 from reservations.request import parse_reservation_request
 from reservations.selectors import reservation_list, reservation_state
 from reservations.services import (
@@ -213,7 +212,7 @@ def test_release_ends_bookings_now_deletes_future_ones_and_gives_everything_back
     node = make_node(owned_pool, gpus=4, resources={"vcpu": 32})
     QuotaUsageFactory(pool=owned_pool, tenant=owned_pool.owner, resource="gpu", max=8)
     running, _ = reservation_create(request=gpu_request(owned_pool, 2, resources={"vcpu": 8}), actor="t")
-    later = placement_now() + timedelta(hours=3)
+    later = compute_now() + timedelta(hours=3)
     future, _ = reservation_create(
         request=gpu_request(owned_pool, 2, start_ms=int(later.timestamp() * 1000)), actor="t"
     )
@@ -221,7 +220,7 @@ def test_release_ends_bookings_now_deletes_future_ones_and_gives_everything_back
     assert NodeResource.objects.get(node=node).allocated == 8
 
     set_clock_offset(timedelta(minutes=10), local=True)
-    now = placement_now()
+    now = compute_now()
     reservation_release(reservation=running, actor="t")
     booking = DeviceBooking.objects.filter(allocation__reservation=running).first()
     assert booking is not None and booking.during.upper == now  # history kept, shortened
@@ -242,7 +241,7 @@ def test_release_ends_bookings_now_deletes_future_ones_and_gives_everything_back
 @pytest.mark.django_db
 def test_state_follows_the_database_clock(owned_pool: Pool) -> None:
     make_node(owned_pool, gpus=1)
-    later = placement_now() + timedelta(hours=1)
+    later = compute_now() + timedelta(hours=1)
     reservation, _ = reservation_create(
         request=gpu_request(owned_pool, 1, start_ms=int(later.timestamp() * 1000), duration_seconds=600),
         actor="t",
@@ -267,7 +266,7 @@ def test_an_unrenewed_lease_is_released_by_the_reconciler_hook(owned_pool: Pool)
     assert leased.state == "released" and leased.release_reason == "lease expired"
     assert kept.state == "active"
     renewed = reservation_renew(reservation=kept, actor="t")
-    assert renewed.lease_expires_at is not None and renewed.lease_expires_at > placement_now()
+    assert renewed.lease_expires_at is not None and renewed.lease_expires_at > compute_now()
     from capacity.reconciler import RECONCILE_HOOKS
 
     assert services.lease_expire_hook in RECONCILE_HOOKS

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import connection
 
+from core.clock import compute_now
 from core.errors import InvalidInput
 from inventory.models import Pool
 from reservations.placer.filters import (
@@ -74,18 +75,9 @@ class Plan:
         return bool(self.options)
 
 
-def placement_now() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT compute_now()")
-        row = cursor.fetchone()
-    assert row is not None
-    value: datetime = row[0]
-    return value
-
-
 def placement_window(*, request: ReservationRequest, now: datetime | None = None) -> Window:
     """`[start, start + duration)` by the database clock; a start a little in the past means now."""
-    now = now or placement_now()
+    now = now or compute_now()
     start = now
     if request.start_ms is not None:
         asked = datetime.fromtimestamp(request.start_ms / 1000, tz=now.tzinfo)
