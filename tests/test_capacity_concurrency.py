@@ -21,10 +21,9 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from reservations.placer.plan import placement_now
 from tests.torture.checks import check_rollups_match_rebuild, invariant_problems
-from tests.torture.commitlog import LogSummary, commitlog_check, commitlog_install, commitlog_uninstall
-from tests.torture.fleet import Fleet, fleet_build, fleet_restore
+from tests.torture.commitlog import LogSummary, commitlog_check
+from tests.torture.fleet import Fleet, fleet_logged, fleet_restore, now_ms
 from tests.torture.ops import Ledger, Op, Tally, op_run_http, op_run_service, ops_generate
 from tests.torture.servers import ServerGroup, http_tokens
 from tests.torture.stepper import Stepper
@@ -46,16 +45,8 @@ JOIN_SECONDS = 1_800
 @pytest.fixture
 def fleet(transactional_db: Any) -> Iterator[Fleet]:
     """The torture fleet, with the commit-order log installed for the length of the test."""
-    built = fleet_build()
-    commitlog_install()
-    try:
+    with fleet_logged() as built:
         yield built
-    finally:
-        commitlog_uninstall()
-
-
-def _now_ms() -> int:
-    return int(placement_now().timestamp() * 1000)
 
 
 def verify_run(fleet: Fleet, tally: Tally, *, operations: int) -> LogSummary:
@@ -77,7 +68,7 @@ def verify_run(fleet: Fleet, tally: Tally, *, operations: int) -> LogSummary:
 
 def run_interleaved(fleet: Fleet, *, seed: int, operations: int, sessions: int) -> tuple[Tally, Stepper]:
     """Deal the seeded schedule to `sessions` open transactions and step them statement by statement."""
-    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=_now_ms(), key_prefix="il")
+    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=now_ms(), key_prefix="il")
     ledger = Ledger()
     tally = Tally()
 
@@ -102,7 +93,7 @@ def run_interleaved(fleet: Fleet, *, seed: int, operations: int, sessions: int) 
 
 def run_concurrent_service(fleet: Fleet, *, seed: int, operations: int, threads: int) -> Tally:
     """`threads` threads, each with its own connection, take the seeded operations from one queue."""
-    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=_now_ms(), key_prefix="cc")
+    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=now_ms(), key_prefix="cc")
     ledger = Ledger()
     tally = Tally()
     queue = iter(ops)
@@ -139,7 +130,7 @@ def run_concurrent_http(
 ) -> Tally:
     """`clients` threads send the seeded operations to the server processes, alternating between them."""
     tokens = http_tokens(fleet)
-    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=_now_ms(), key_prefix="http")
+    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=now_ms(), key_prefix="http")
     ledger = Ledger()
     tally = Tally()
     queue = iter(enumerate(ops))

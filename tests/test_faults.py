@@ -30,10 +30,9 @@ from django.db import InterfaceError, OperationalError, connection, connections
 
 from reservations.daemon import daemon_redeliver_missing
 from reservations.models import Reservation
-from reservations.placer.plan import placement_now
 from tests.torture.checks import check_rollups_match_rebuild, invariant_problems
-from tests.torture.commitlog import commitlog_check, commitlog_install, commitlog_uninstall
-from tests.torture.fleet import Fleet, fleet_build, fleet_restore
+from tests.torture.commitlog import commitlog_check
+from tests.torture.fleet import Fleet, fleet_logged, fleet_restore, now_ms
 from tests.torture.ops import Ledger, Op, Tally, http_post, op_run_service, ops_generate
 from tests.torture.servers import ServerGroup, http_tokens, server_ready
 
@@ -58,16 +57,8 @@ KILL_POINTS = (
 
 @pytest.fixture
 def fleet(transactional_db: Any) -> Iterator[Fleet]:
-    built = fleet_build()
-    commitlog_install()
-    try:
+    with fleet_logged() as built:
         yield built
-    finally:
-        commitlog_uninstall()
-
-
-def _now_ms() -> int:
-    return int(placement_now().timestamp() * 1000)
 
 
 class Killer:
@@ -110,7 +101,7 @@ def _with_retries(op: Op, ledger: Ledger, lost: Counter[str]) -> str:
 @pytest.mark.slow
 def test_connections_killed_mid_transaction_leave_nothing_half_written(fleet: Fleet) -> None:
     operations = 400 * SCALE
-    ops = ops_generate(fleet=fleet, seed=SEED + 10, count=operations, now_ms=_now_ms(), key_prefix="kill")
+    ops = ops_generate(fleet=fleet, seed=SEED + 10, count=operations, now_ms=now_ms(), key_prefix="kill")
     killer = Killer(seed=SEED + 11, probability=0.08)
     ledger = Ledger()
     tally = Tally()
@@ -181,7 +172,7 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
     creates = 200 * SCALE
     rng = random.Random(SEED + 20)
     tokens = http_tokens(fleet)
-    now_ms = _now_ms()
+    start_ms = now_ms()
     bodies = []
     for index in range(creates):
         pool_id, tenant_id = rng.choice(fleet.bookers)
@@ -193,7 +184,7 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
             "idempotencyKey": f"srv-{SEED}-{index}",
         }
         if rng.random() < 0.3:
-            body["start"] = now_ms + rng.choice((1800, 7200)) * 1000
+            body["start"] = start_ms + rng.choice((1800, 7200)) * 1000
         bodies.append(body)
     answers: dict[str, tuple[int, Any]] = {}
     counts: Counter[str] = Counter()

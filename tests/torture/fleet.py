@@ -7,11 +7,15 @@ let the operations pass each other by.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from capacity.rollups import rollup_rebuild_all
+from core.clock import compute_now
 from inventory.models import Device, Node, NodeResource, Pool, Tenant
 from tests.factories import OfferingFactory, PoolFactory, QuotaUsageFactory, TenantFactory
+from tests.torture.commitlog import commitlog_install, commitlog_uninstall
 
 
 @dataclass
@@ -91,3 +95,19 @@ def fleet_restore(fleet: Fleet) -> None:
             node_untaint(node=node, key=key, actor="torture-restore")
     for device in Device.objects.filter(uid__in=fleet.device_uids, healthy=False):
         device_set_health(device=device, healthy=True, reason="", actor="torture-restore")
+
+
+@contextmanager
+def fleet_logged() -> Iterator[Fleet]:
+    """The torture fleet, with the commit-order log installed while it is in use."""
+    built = fleet_build()
+    commitlog_install()
+    try:
+        yield built
+    finally:
+        commitlog_uninstall()
+
+
+def now_ms() -> int:
+    """The database clock in the API's milliseconds, for scheduling operations."""
+    return int(compute_now().timestamp() * 1000)

@@ -58,14 +58,14 @@ def main() -> None:
     pgdata = Path(os.environ["EMBEDDED_PGDATA"])
 
     call_command("migrate", verbosity=0)
+    from core.clock import compute_now
     from reservations.models import Reservation
-    from reservations.placer.plan import placement_now
     from tests.torture.checks import check_rollups_match_rebuild, invariant_problems
     from tests.torture.fleet import fleet_build, fleet_restore
     from tests.torture.ops import Ledger, Tally, op_run_service, ops_generate
 
     fleet = fleet_build()
-    now_ms = int(placement_now().timestamp() * 1000)
+    now_ms = int(compute_now().timestamp() * 1000)
     ops = ops_generate(fleet=fleet, seed=args.seed, count=args.operations, now_ms=now_ms, key_prefix="rs")
     connections.close_all()
     ledger = Ledger()
