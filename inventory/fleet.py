@@ -37,7 +37,7 @@ from inventory.models import (
     Trust,
 )
 from inventory.reports import HOSTNAME_RE, NodeReport, report_parse
-from inventory.services import inventory_apply_reports
+from inventory.services import NODE_REGISTRATION_FIELDS, inventory_apply_reports
 
 TENANT_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -465,23 +465,7 @@ def _load_nodes(
             rows,
             update_conflicts=True,
             unique_fields=["hostname"],
-            update_fields=[
-                "pool",
-                "role",
-                "trust",
-                "owner",
-                "provision_state",
-                "connectivity",
-                "maintenance",
-                "maintenance_reason",
-                "cordoned",
-                "cordon_reason",
-                "cordoned_by",
-                "converged_specs",
-                "labels",
-                "noschedule_taints",
-                "updated_at",
-            ],
+            update_fields=["pool", *NODE_REGISTRATION_FIELDS, "noschedule_taints", "updated_at"],
         )
         by_host = {n.hostname: n for n in Node.objects.filter(hostname__in=[s.hostname for s in batch])}
         hosts = list(by_host)

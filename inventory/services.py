@@ -485,11 +485,12 @@ def inventory_apply_report(*, node: Node, report: dict[str, Any], actor: str) ->
         return list(Device.objects.filter(node=node, vanished_at__isnull=True).order_by("uid"))
 
 
-NODE_FIELDS = {
+# What registration (a fleet file, `node_register`) may set on a node; the
+# rest is written by node reports and the operator services.
+NODE_REGISTRATION_FIELDS = (
     "role",
     "trust",
     "owner",
-    "owner_id",
     "provision_state",
     "connectivity",
     "maintenance",
@@ -499,7 +500,8 @@ NODE_FIELDS = {
     "cordoned_by",
     "converged_specs",
     "labels",
-}
+)
+NODE_FIELDS = {*NODE_REGISTRATION_FIELDS, "owner_id"}
 
 
 def node_register(*, hostname: str, pool: Pool, **fields: Any) -> Node:
