@@ -20,12 +20,12 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from capacity.models import QuotaUsage
+from core.clock import compute_now
 from core.errors import NoCapacity, QuotaExceeded
 from inventory.models import Device, Node, NodeResource, Pool
 from reservations.daemon import daemon_holdings
 from reservations.models import DeviceBooking, Reservation
 from reservations.placer import commit
-from reservations.placer.plan import placement_now
 from reservations.services import reservation_create
 from tests.factories import (
     AllocationFactory,
@@ -126,7 +126,7 @@ def assert_no_overlapping_bookings() -> None:
 def test_guard1_the_database_refuses_a_forged_overlapping_booking() -> None:
     device = DeviceFactory()
     allocation = AllocationFactory()
-    now = placement_now()
+    now = compute_now()
     DeviceBooking.objects.create(
         device=device, allocation=allocation, during=DateTimeTZRange(now, now + timedelta(hours=1))
     )
@@ -226,7 +226,7 @@ def test_guard2_a_partitioned_parent_is_never_offered_and_a_layout_change_blocks
         )
         for g in range(2)
     ]
-    now = placement_now()
+    now = compute_now()
     window = DateTimeTZRange(now, now + timedelta(minutes=10))
     for device in [parent, *children]:
         DeviceBooking.objects.create(device=device, allocation=None, purpose="layout-change", during=window)
@@ -410,7 +410,7 @@ def test_guard6_the_fake_daemon_refuses_a_forged_overlap_and_the_reservation_is_
     pool = PoolFactory()
     node = one_node(pool, 1)
     device = Device.objects.get(node=node)
-    now = placement_now()
+    now = compute_now()
     # The node already believes it runs something on this GPU (a forged, stale assignment).
     with connection.cursor() as cursor:
         cursor.execute(
@@ -479,7 +479,7 @@ def test_a_concurrent_mix_of_creates_and_releases_keeps_every_invariant() -> Non
         node = one_node(pool, 4)
         NodeResourceFactory(node=node, resource="vcpu", allocatable=12)
     QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=9)
-    later = int((placement_now() + timedelta(hours=2)).timestamp() * 1000)
+    later = int((compute_now() + timedelta(hours=2)).timestamp() * 1000)
     start = threading.Barrier(4)
 
     def client(seed: int) -> None:

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from core.clock import set_clock_offset
+from core.clock import compute_now, set_clock_offset
 from core.errors import InvalidInput, NoCapacity
 from inventory.models import Device, Node, Pool
 from reservations.models import DeviceBooking, Reservation
-from reservations.placer.plan import placement_now, placement_plan, placement_window
+from reservations.placer.plan import placement_plan, placement_window
 from reservations.request_types import DeviceRequest, ReservationRequest
 from reservations.selectors import reservation_get, reservation_payload, reservation_state
 from reservations.services import reservation_create
@@ -114,7 +114,7 @@ def test_a_booked_atom_is_not_offered_for_an_overlapping_window(pool: Pool) -> N
     assert not plan.fits
     assert plan.reason is not None and plan.reason.code == "NO_FIT"
     # After the first reservation ends, the same atoms are free again.
-    later = placement_now() + timedelta(hours=2)
+    later = compute_now() + timedelta(hours=2)
     plan = plan_for(gpu_request(pool, 2, start_ms=int(later.timestamp() * 1000)))
     assert plan.fits
 
@@ -180,7 +180,7 @@ def test_unschedulable_nodes_and_unhealthy_atoms_are_filtered(pool: Pool) -> Non
 @pytest.mark.django_db
 def test_archived_pool_does_not_place(pool: Pool) -> None:
     make_node(pool, gpus=2)
-    Pool.objects.filter(pk=pool.pk).update(archived_at=placement_now())
+    Pool.objects.filter(pk=pool.pk).update(archived_at=compute_now())
     plan = plan_for(gpu_request(pool, 1))
     assert not plan.fits and plan.reason is not None and plan.reason.code == "POOL_ARCHIVED"
 
@@ -270,7 +270,7 @@ def test_binding_node_books_every_atom_of_a_wholly_free_node(pool: Pool) -> None
 @pytest.mark.django_db
 def test_future_start_books_the_later_window_and_counts_reserved(pool: Pool) -> None:
     make_node(pool, gpus=1)
-    now = placement_now()
+    now = compute_now()
     start = now + timedelta(days=1)
     reservation, _ = reservation_create(
         request=gpu_request(pool, 1, start_ms=int(start.timestamp() * 1000)), actor="t"
@@ -291,7 +291,7 @@ def test_future_start_books_the_later_window_and_counts_reserved(pool: Pool) -> 
 @pytest.mark.django_db
 def test_a_start_long_past_is_invalid_and_a_little_past_means_now(pool: Pool) -> None:
     make_node(pool, gpus=1)
-    now = placement_now()
+    now = compute_now()
     with pytest.raises(InvalidInput):
         placement_window(
             request=gpu_request(pool, 1, start_ms=int((now - timedelta(minutes=6)).timestamp() * 1000))
@@ -324,7 +324,7 @@ def test_spot_reservations_are_displaced_with_a_notice(pool: Pool) -> None:
     # Another spot request never displaces.
     with pytest.raises(NoCapacity):
         reservation_create(request=gpu_request(pool, 2, spot=True), actor="t")
-    now = placement_now()
+    now = compute_now()
     regular, _ = reservation_create(request=gpu_request(pool, 2), actor="t")
     spot.refresh_from_db()
     assert spot.notice_at is not None and spot.notice_ends_at is not None
