@@ -93,3 +93,9 @@ class PrincipalRequired(BasePermission):
 
     def has_permission(self, request: Request, view: Any) -> bool:
         return isinstance(request.user, Principal)
+
+
+def actor_of(request: Any) -> str:
+    """Who the audit trail and release reasons name for an API call: the principal's name and id."""
+    principal = principal_of(request)
+    return f"{principal.name} <{principal.pk}>"[:200]

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input, rpc_output
-from core.authentication import principal_of
+from core.authentication import actor_of, principal_of
 from core.decisions import INVENTORY_REPORT, NODES_OPERATE, decide_platform
 from core.errors import InvalidInput
 from inventory import operations
@@ -36,12 +36,6 @@ from inventory.services import inventory_apply_report
 NODE_OPS = (
     "Platform operators only (`compute:nodes:operate`). Existing bookings are kept; new placements stop."
 )
-
-
-def actor_of(request: Request) -> str:
-    """Who the audit trail names: the principal's name and id."""
-    principal = principal_of(request)
-    return f"{principal.name} <{principal.pk}>"[:200]
 
 
 def _operated_node(request: Request, serializer: type[StrictSerializer]) -> tuple[dict[str, Any], Node]:

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_input, rpc_output
-from core.authentication import principal_of
+from core.authentication import actor_of, principal_of
 from core.decisions import (
     CAPACITY_READ,
     RESERVATIONS_READ,
@@ -70,7 +70,7 @@ class ReservationsViewSet(RpcViewSet):
         pool = decide_pool(
             principal=principal, tenant_id=body.tenant_id, pool_id=body.pool_id, permission=RESERVATIONS_WRITE
         )
-        reservation, created = reservation_create(request=body, actor=principal.pk, pool=pool)
+        reservation, created = reservation_create(request=body, actor=actor_of(request), pool=pool)
         if created:
             # Built from what the create wrote: nothing to read back. Its stored
             # state (active or scheduled, by the database clock of this create)
@@ -127,7 +127,7 @@ class ReservationsViewSet(RpcViewSet):
         # The service locks the row filtered by tenant (NOT_FOUND otherwise): no read before it.
         reservation = reservation_release(
             reservation=Reservation(pk=data["reservation_id"]),
-            actor=principal.pk,
+            actor=actor_of(request),
             tenant_id=data["tenant_id"],
         )
         return _reservation_response(data["tenant_id"], reservation.pk)
@@ -147,7 +147,7 @@ class ReservationsViewSet(RpcViewSet):
         principal = principal_of(request)
         decide_tenant(principal=principal, tenant_id=data["tenant_id"], permission=RESERVATIONS_WRITE)
         reservation = reservation_get(tenant_id=data["tenant_id"], reservation_id=data["reservation_id"])
-        reservation_renew(reservation=reservation, actor=principal.pk)
+        reservation_renew(reservation=reservation, actor=actor_of(request))
         return _reservation_response(data["tenant_id"], reservation.pk)
 
 
