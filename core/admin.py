@@ -227,16 +227,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
                     role=data["role"],
                     name=data["name"],
                     expires_in_seconds=days * 86400 if days else None,
+                    actor=admin_actor(request),
                 )
             except DomainError as exc:
                 form.add_error(None, str(exc))
             else:
-                services.audit_record(
-                    actor=admin_actor(request),
-                    action="token.issue.admin",
-                    subject_type="token",
-                    subject_id=token.pk,
-                )
                 context.update({"title": "Token issued", "token": token, "secret": secret})
                 response = TemplateResponse(request, "admin/core/apitoken/issued.html", context)
                 # The secret must not linger in any cache.
