@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from functools import partial
 
 from django.db import connection, transaction
 
@@ -92,13 +93,15 @@ def daemon_deliver(*, reservation_id: str) -> bool:
     """Send a committed reservation's bookings to its nodes; on a refusal, release it. True if accepted."""
     try:
         for (node_id, allocation_id), assignments in sorted(_bookings_of(reservation_id).items()):
+            assign = partial(
+                daemon_assign,
+                node_id=node_id,
+                reservation_id=reservation_id,
+                allocation_id=allocation_id,
+                assignments=assignments,
+            )
             try:
-                daemon_assign(
-                    node_id=node_id,
-                    reservation_id=reservation_id,
-                    allocation_id=allocation_id,
-                    assignments=assignments,
-                )
+                assign()
             except AllocationFailed as exc:
                 # A release commits, then tells the node (after commit); a create that
                 # books the freed atoms can deliver before that news arrives. When the
@@ -109,12 +112,7 @@ def daemon_deliver(*, reservation_id: str) -> bool:
                 if not _known_reservation(exc.holder):
                     raise
                 daemon_shorten(reservation_id=exc.holder)
-                daemon_assign(
-                    node_id=node_id,
-                    reservation_id=reservation_id,
-                    allocation_id=allocation_id,
-                    assignments=assignments,
-                )
+                assign()
     except AllocationFailed as exc:
         logger.warning("node refused reservation %s: %s", reservation_id, exc)
         from reservations.models import Reservation
