@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from capacity.schedulability import schedulable_sql
+from inventory.schedulability import schedulable_sql
 
 _ids = itertools.count(1)
 

@@ -88,7 +88,7 @@ def _build_fleet(*, server: Server, nodes: int, clock: Clock) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from bench.fill import bookings_fill
-    from inventory.fleet import fleet_load
+    from fleets.load import fleet_load
 
     connections.close_all()
     with clock.step(f"{nodes} nodes: recreate and migrate {BENCH_DB}"):

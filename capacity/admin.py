@@ -8,8 +8,8 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from capacity import charts
-from capacity.models import PoolCapacityRollup, QuotaUsage
 from core.admin import ReadOnlyAdmin
+from ledger.models import PoolCapacityRollup, QuotaUsage
 
 
 @admin.register(PoolCapacityRollup)

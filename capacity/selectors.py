@@ -11,8 +11,8 @@ from typing import Any
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 
-from capacity.models import ROLLUP_COUNTS, PoolCapacityRollup
-from core.decisions import visible_pools
+from inventory.access import visible_pools
+from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup
 
 OTHER_GPU_MODEL = "other"
 # What `byGpuModel` adds up, from each pool's `gpu` row only.

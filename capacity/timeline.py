@@ -21,11 +21,11 @@ from typing import Any
 
 from django.db import connection
 
-from capacity.models import PoolCapacityRollup
-from core.api import MAX_TIME_MS
 from core.clock import compute_now, to_millis
+from core.constants import MAX_TIME_MS
 from core.errors import InvalidInput
 from inventory.models import Device, Node, Pool
+from ledger.models import PoolCapacityRollup
 from reservations.models import DeviceBooking
 
 DEFAULT_SPAN_MS = 24 * 3600 * 1000

@@ -42,10 +42,13 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    # Layered: each app imports only the ones above it in this list (see docs/architecture.md).
     "core",
     "inventory",
+    "ledger",
     "reservations",
     "capacity",
+    "fleets",
 ]
 
 MIDDLEWARE = [

@@ -27,19 +27,20 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from core.authentication import BearerTokenAuthentication, PrincipalRequired
+from core.constants import (  # noqa: F401  (re-exported for the apps' serializers)
+    MAX_TIME_MS,
+    NODE_ID_REGEX,
+    POOL_ID_REGEX,
+    PROJECT_ID_REGEX,
+    RESERVATION_ID_REGEX,
+    TENANT_ID_REGEX,
+)
 from core.errors import DomainError, InvalidInput
 
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
 JSON_MEDIA_TYPE = "application/json"
-
-TENANT_ID_REGEX = r"^[A-Za-z0-9._:-]{1,128}$"
-POOL_ID_REGEX = r"^pool_[0-9a-hjkmnp-tv-z]{26,52}$"
-PROJECT_ID_REGEX = r"^prj_[0-9a-hjkmnp-tv-z]{26,52}$"
-NODE_ID_REGEX = r"^node_[0-9a-hjkmnp-tv-z]{26,52}$"
-RESERVATION_ID_REGEX = r"^rsv_[0-9a-hjkmnp-tv-z]{26,52}$"
-MAX_TIME_MS = 140737488355328
 
 
 # --- The error envelope -------------------------------------------------------

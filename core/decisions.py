@@ -2,21 +2,16 @@
 
 A method "decided on the tenant" needs a binding whose role holds the
 permission on `tenantId`, or a platform binding of an operator (which covers
-every tenant). "Decided on the pool" adds that the pool is owned by or offered
-to the tenant, else NOT_FOUND; archived pools are visible to their owner only.
+every tenant). "Decided on the pool" (`inventory.access`) adds that the pool is owned by or
+offered to the tenant.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from django.db.models import Q
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
-
-from core.errors import NotFound, PermissionDenied
+from core.errors import PermissionDenied
 from core.models import Principal, Role, RoleBinding
-
-if TYPE_CHECKING:
-    from inventory.models import Pool
 
 CAPACITY_READ = "compute:capacity:read"
 RESERVATIONS_READ = "compute:reservations:read"
@@ -82,24 +77,3 @@ def decide_platform(*, principal: Principal, permission: str) -> None:
     """PERMISSION_DENIED unless a platform binding grants `permission`."""
     if not has_permission(principal=principal, permission=permission, tenant_id=None):
         raise PermissionDenied("the credential does not grant this method")
-
-
-def visible_pools(*, tenant_id: str) -> QuerySet[Pool]:
-    """Pools the tenant owns (archived included), or is offered and are not archived."""
-    from inventory.models import Offering, Pool
-
-    offered = Exists(Offering.objects.filter(pool=OuterRef("pk"), tenant_id=tenant_id))
-    return Pool.objects.filter(Q(owner_id=tenant_id) | (offered & Q(archived_at__isnull=True)))
-
-
-def decide_pool(*, principal: Principal, tenant_id: str, pool_id: str, permission: str) -> Pool:
-    """Decide on the tenant, then return the pool if the tenant can see it (else NOT_FOUND).
-
-    The tenant decision comes first, so a caller without rights on the tenant
-    learns nothing about which pools exist (403 before any 404).
-    """
-    decide_tenant(principal=principal, tenant_id=tenant_id, permission=permission)
-    pool = visible_pools(tenant_id=tenant_id).filter(pk=pool_id).first()
-    if pool is None:
-        raise NotFound("pool not found")
-    return pool

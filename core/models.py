@@ -1,11 +1,28 @@
-"""Principals, role bindings, API tokens and the audit trail."""
+"""Tenants, principals, role bindings, API tokens and the audit trail."""
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
 from core import ids
+from core.constants import TENANT_ID_REGEX
+
+
+class Tenant(models.Model):
+    """Who owns pools and reservations: the unit of isolation every decision is made on."""
+
+    id = models.CharField(primary_key=True, max_length=128, validators=[RegexValidator(TENANT_ID_REGEX)])
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # The table keeps the name it was created with when tenants lived in `inventory`.
+        db_table = "inventory_tenant"
+
+    def __str__(self) -> str:
+        return self.id
 
 
 class Role(models.TextChoices):
@@ -31,9 +48,7 @@ class RoleBinding(models.Model):
 
     principal = models.ForeignKey(Principal, on_delete=models.CASCADE, related_name="bindings")
     role = models.CharField(max_length=20, choices=Role.choices)
-    tenant = models.ForeignKey(
-        "inventory.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
-    )
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -44,7 +44,7 @@ def token_issue(
     Only the digest is stored. Operator and node-agent tokens are bound to the
     platform (`tenant_id=None`); viewer and member tokens to one tenant.
     """
-    from inventory.models import Tenant
+    from core.models import Tenant
 
     if role not in Role.values:
         raise InvalidInput.field("role", f"must be one of {', '.join(Role.values)}")

@@ -28,10 +28,9 @@ from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 
 from capacity import charts
-from capacity.models import ROLLUP_COUNTS, PoolCapacityRollup
-from capacity.schedulability import BUCKETS, EXCLUDED, SCHEDULABLE, node_bucket, predicate_terms
 from core.admin import OptionalReasonForm, ReasonForm, admin_actor, plural
 from core.errors import DomainError
+from core.models import Tenant
 from inventory.admin_selectors import (
     GPU_ATOM_CLASSES,
     NodeChange,
@@ -43,7 +42,9 @@ from inventory.admin_selectors import (
     node_operator_state,
     node_scalars,
 )
-from inventory.models import Device, Node, NodeResource, Offering, Pool, Project, Taint, TaintEffect, Tenant
+from inventory.models import Device, Node, NodeResource, Offering, Pool, Project, Taint, TaintEffect
+from inventory.schedulability import BUCKETS, EXCLUDED, SCHEDULABLE, node_bucket, predicate_terms
+from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup
 
 OPERATE_PERMISSION = "inventory.operate_nodes"
 
@@ -56,9 +57,9 @@ def can_operate(request: HttpRequest) -> bool:
 def _bucket_expression() -> RawSQL:
     # THE bucket SQL over the node row; the pool owner via a scalar subquery so
     # the annotation stands alone (the paginator's COUNT(*) has no pool join).
-    from capacity.schedulability import bucket_sql
+    from inventory.schedulability import bucket_sql
 
-    return RawSQL(  # noqa: S611 - fixed SQL from capacity.schedulability, no user input
+    return RawSQL(  # noqa: S611 - fixed SQL from inventory.schedulability, no user input
         bucket_sql(
             n="inventory_node",
             pool_owner="(SELECT p.owner_id FROM inventory_pool p WHERE p.id = inventory_node.pool_id)",

@@ -14,9 +14,9 @@ from typing import Any
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
 
-from capacity.schedulability import SCHEDULABLE, node_bucket
 from core.models import AuditEvent
 from inventory.models import Device, Node
+from inventory.schedulability import SCHEDULABLE, node_bucket
 
 GPU_ATOM_CLASSES = ("gpu", "gpu.mig", "gpu.slot")
 

@@ -7,22 +7,21 @@ placement and that action serialize on the same row.
 
 from __future__ import annotations
 
-from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 
 from core import ids
-
-TENANT_ID_VALIDATOR = RegexValidator(r"^[A-Za-z0-9._:-]{1,128}$")
-
-
-class Tenant(models.Model):
-    id = models.CharField(primary_key=True, max_length=128, validators=[TENANT_ID_VALIDATOR])
-    name = models.CharField(max_length=200, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    def __str__(self) -> str:
-        return self.id
+from core.models import Tenant
+from inventory.choices import (
+    Connectivity,
+    DeviceClass,
+    ProvisionState,
+    Role,
+    ScalarResource,
+    Sharing,
+    TaintEffect,
+    Trust,
+)
 
 
 class Project(models.Model):
@@ -38,13 +37,6 @@ class Project(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}/{self.name}"
-
-
-class Sharing(models.TextChoices):
-    EXCLUSIVE = "exclusive"
-    MIG = "mig"
-    TIMESLICE = "timeslice"
-    MPS = "mps"
 
 
 class Pool(models.Model):
@@ -90,35 +82,6 @@ class Offering(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool} → {self.tenant_id}"
-
-
-class Role(models.TextChoices):
-    HOST = "host"
-    CONTROLLER = "controller"
-    STORAGE = "storage"
-    GATEWAY = "gateway"
-
-
-class Trust(models.TextChoices):
-    PLATFORM = "platform"
-    TENANT_OWNED = "tenant-owned"
-    TENANT_CONTROLLED = "tenant-controlled"
-
-
-class ProvisionState(models.TextChoices):
-    DISCOVERED = "discovered"
-    ADOPTING = "adopting"
-    ADOPTED = "adopted"
-    DEPLOYING = "deploying"
-    DEPLOYED = "deployed"
-    DEPROVISIONING = "deprovisioning"
-    FAILED = "failed"
-
-
-class Connectivity(models.TextChoices):
-    CONNECTED = "connected"
-    DISCONNECTED = "disconnected"
-    UNKNOWN = "unknown"
 
 
 class Node(models.Model):
@@ -177,11 +140,6 @@ class Node(models.Model):
         return self.hostname
 
 
-class TaintEffect(models.TextChoices):
-    NO_SCHEDULE = "NoSchedule"
-    PREFER_NO_SCHEDULE = "PreferNoSchedule"
-
-
 class Taint(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="taints")
     key = models.CharField(max_length=253)
@@ -196,13 +154,6 @@ class Taint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}={self.value}:{self.effect}"
-
-
-class ScalarResource(models.TextChoices):
-    VCPU = "vcpu"
-    MEMORY_GIB = "memoryGiB"
-    DISK_GIB = "diskGiB"
-    HUGEPAGES_1GI = "hugepages1Gi"
 
 
 class NodeResource(models.Model):
@@ -229,15 +180,6 @@ class NodeResource(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id} {self.resource} {self.allocated}/{self.allocatable}x{self.ratio}"
-
-
-class DeviceClass(models.TextChoices):
-    GPU = "gpu"
-    GPU_MIG = "gpu.mig"
-    GPU_SLOT = "gpu.slot"
-    NIC_VF = "nic.vf"
-    DISK = "disk"
-    NODE = "node"
 
 
 class Device(models.Model):

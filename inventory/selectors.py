@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from capacity.schedulability import SCHEDULABLE, node_bucket
 from core.clock import to_millis
 from core.errors import NotFound
 from inventory.models import Device, Node
+from inventory.schedulability import SCHEDULABLE, node_bucket
 
 
 def node_get(*, node_id: str) -> Node:

@@ -34,7 +34,7 @@ class Binding(models.TextChoices):
 
 class Reservation(models.Model):
     id = models.CharField(primary_key=True, max_length=57, default=ids.id_default(ids.RESERVATION))
-    tenant = models.ForeignKey("inventory.Tenant", on_delete=models.PROTECT, related_name="reservations")
+    tenant = models.ForeignKey("core.Tenant", on_delete=models.PROTECT, related_name="reservations")
     pool = models.ForeignKey("inventory.Pool", on_delete=models.PROTECT, related_name="reservations")
     project = models.ForeignKey(
         "inventory.Project", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

@@ -35,8 +35,6 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import (
-    MAX_TIME_MS,
-    PROJECT_ID_REGEX,
     StrictBooleanField,
     StrictIntegerField,
     StrictRegexField,
@@ -45,6 +43,7 @@ from core.api import (
     pool_id_field,
     tenant_id_field,
 )
+from core.constants import MAX_TIME_MS, PROJECT_ID_REGEX
 from core.durations import DurationError, parse_duration
 from core.errors import InvalidInput
 from reservations.request_types import DeviceRequest, ReservationRequest

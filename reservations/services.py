@@ -23,6 +23,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 
 from capacity.reconciler import reconcile_hook_register
 from core.clock import compute_now
+from core.constants import DEADLOCK_DETECTED
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
 from inventory.models import Pool, Project
 from reservations.models import Reservation
@@ -35,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 RELEASE_CHANNEL = "capacity_released"
 RELEASE_ATTEMPTS = 3
-DEADLOCK = "40P01"
 IDEMPOTENCY_CONSTRAINT = "reservation_unique_idempotency_key"
 
 
@@ -60,7 +60,7 @@ def _existing(request: ReservationRequest) -> Reservation | None:
 
 
 def _pool_for(request: ReservationRequest, pool: Pool | None = None) -> Pool:
-    from core.decisions import visible_pools
+    from inventory.access import visible_pools
 
     if pool is None or pool.pk != request.pool_id:
         pool = visible_pools(tenant_id=request.tenant_id).filter(pk=request.pool_id).first()
@@ -260,7 +260,7 @@ def reservation_release(
             # A gang placement can hold one node's scalar row while it waits for
             # this release's bookings; PostgreSQL breaks that cycle by failing
             # one side. A release is safe to run again from the start.
-            if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK or attempt == attempts - 1:
+            if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -13,8 +13,9 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from core.models import Tenant
 from core.services import token_issue
-from inventory.models import Node, Pool, Tenant
+from inventory.models import Node, Pool
 from tests.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
 
 ClientFor = Callable[[str | None, str], APIClient]

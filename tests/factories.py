@@ -8,8 +8,9 @@ from datetime import timedelta
 import factory
 from django.utils import timezone
 
-from capacity.models import QuotaUsage
-from inventory.models import Device, Node, NodeResource, Offering, Pool, Project, Taint, Tenant
+from core.models import Tenant
+from inventory.models import Device, Node, NodeResource, Offering, Pool, Project, Taint
+from ledger.models import QuotaUsage
 from reservations.models import Allocation, Reservation
 
 

@@ -12,9 +12,9 @@ from django.contrib.staticfiles import finders
 from django.test import RequestFactory
 from rest_framework.test import APIClient
 
-from capacity.models import PoolCapacityRollup
 from core.api import handler500
 from inventory.models import Pool
+from ledger.models import PoolCapacityRollup
 from tests.conftest import ClientFor
 from tests.factories import PoolFactory
 

@@ -9,9 +9,9 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-from capacity.models import PoolCapacityRollup, QuotaUsage
 from core.clock import compute_now, set_clock_offset
 from inventory.models import NodeResource
+from ledger.models import PoolCapacityRollup, QuotaUsage
 from reservations.models import DeviceBooking
 from tests.factories import (
     AllocationFactory,

@@ -12,9 +12,8 @@ from rest_framework.test import APIClient
 from core.authentication import TOKEN_PREFIX, token_digest
 from core.clock import compute_now, set_clock_offset
 from core.errors import InvalidInput
-from core.models import ApiToken, AuditEvent, RoleBinding
+from core.models import ApiToken, AuditEvent, RoleBinding, Tenant
 from core.services import token_issue, token_revoke
-from inventory.models import Tenant
 from tests.conftest import bearer_client
 
 SUMMARY = "/api/compute/capacity/summary"

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from capacity.models import QuotaUsage
-from inventory.fleet import fleet_generate, fleet_load
-from inventory.models import Device, Node, NodeResource, Offering, Pool, Taint, Tenant
+from core.models import Tenant
+from fleets.load import fleet_load
+from fleets.synthetic import fleet_generate
+from inventory.models import Device, Node, NodeResource, Offering, Pool, Taint
+from ledger.models import QuotaUsage
 
 DEMO = Path(__file__).resolve().parent.parent / "fleets" / "demo.json"
 

@@ -19,10 +19,10 @@ import pytest
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-from capacity.models import QuotaUsage
 from core.clock import compute_now
 from core.errors import NoCapacity, QuotaExceeded
 from inventory.models import Device, Node, NodeResource, Pool
+from ledger.models import QuotaUsage
 from reservations.daemon import daemon_holdings
 from reservations.models import DeviceBooking, Reservation
 from reservations.placer import commit
@@ -470,8 +470,8 @@ def test_two_identical_creates_racing_make_one_reservation() -> None:
 def test_a_concurrent_mix_of_creates_and_releases_keeps_every_invariant() -> None:
     import random
 
-    from capacity.models import PoolCapacityRollup
     from capacity.rollups import rollup_rebuild
+    from ledger.models import PoolCapacityRollup
     from reservations.services import reservation_release
 
     pool = PoolFactory()

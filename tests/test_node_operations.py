@@ -11,7 +11,6 @@ from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection, connections, transaction
 from rest_framework.test import APIClient
 
-from capacity.models import PoolCapacityRollup
 from capacity.rollups import rollup_rebuild
 from core.errors import InvalidInput
 from core.models import AuditEvent, Principal, RoleBinding
@@ -19,6 +18,7 @@ from core.services import token_issue
 from inventory import operations
 from inventory.models import Device, Node, Taint
 from inventory.selectors import node_detail
+from ledger.models import PoolCapacityRollup
 from tests.conftest import ClientFor, bearer_client
 from tests.factories import DeviceFactory, NodeFactory, PoolFactory, TenantFactory
 

@@ -15,8 +15,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from core.models import ApiToken
-from inventory.models import Node, Pool, Tenant
+from core.models import ApiToken, Tenant
+from inventory.models import Node, Pool
 from tests.factories import (
     DeviceFactory,
     NodeFactory,

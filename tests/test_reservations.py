@@ -229,7 +229,7 @@ def test_release_ends_bookings_now_deletes_future_ones_and_gives_everything_back
     assert NodeResource.objects.get(node=node).allocated == 0
     assert rollup(owned_pool) == (0, 0)
     assert rollup(owned_pool, "vcpu") == (0, 0)
-    from capacity.models import QuotaUsage
+    from ledger.models import QuotaUsage
 
     assert QuotaUsage.objects.get(pool=owned_pool).used == 0
     # Twice is harmless: nothing is given back twice.
@@ -409,7 +409,7 @@ def test_a_reservation_that_ran_to_its_end_gives_back_quota_and_scalars(owned_po
     reservation, _ = reservation_create(
         request=gpu_request(owned_pool, 2, resources={"vcpu": 4}, duration_seconds=600), actor="t"
     )
-    from capacity.models import QuotaUsage
+    from ledger.models import QuotaUsage
 
     assert QuotaUsage.objects.get(pool=owned_pool).used == 2
     set_clock_offset(timedelta(minutes=11), local=True)

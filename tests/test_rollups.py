@@ -20,7 +20,6 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from capacity import reconciler, rollups
-from capacity.models import PoolCapacityRollup
 from capacity.reconciler import (
     PassResult,
     install_stop_handlers,
@@ -29,11 +28,13 @@ from capacity.reconciler import (
     reconcile_once,
     reconcile_pass,
 )
-from capacity.rollups import rollup_apply_delta, rollup_apply_deltas, rollup_rebuild, rollup_rebuild_all
+from capacity.rollups import rollup_rebuild, rollup_rebuild_all
 from capacity.selectors import capacity_summary, rollup_rows
 from core.clock import compute_now, set_clock_offset
 from core.locks import ADVISORY_LOCK_KEYS
 from inventory.models import Device, Node, Pool
+from ledger.models import PoolCapacityRollup
+from ledger.rollups import rollup_apply_delta, rollup_apply_deltas
 from reservations.models import DeviceBooking
 from tests.factories import (
     AllocationFactory,

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from capacity.models import PoolCapacityRollup
 from capacity.rollups import rollup_rebuild
-from capacity.schedulability import (
+from inventory.models import Node
+from inventory.schedulability import (
     BUCKETS,
     EXCLUDED,
     MAINTENANCE,
@@ -23,7 +23,7 @@ from capacity.schedulability import (
     predicate_terms,
     schedulable_sql,
 )
-from inventory.models import Node
+from ledger.models import PoolCapacityRollup
 from tests.factories import DeviceFactory, NodeFactory, NodeResourceFactory, PoolFactory, TenantFactory
 
 OWNER = "pool-owner"

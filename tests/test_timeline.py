@@ -9,11 +9,11 @@ import pytest
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from rest_framework.test import APIClient
 
-from capacity.models import PoolCapacityRollup
 from capacity.timeline import timeline_compute
 from core.clock import compute_now, to_millis
 from core.errors import InvalidInput
 from inventory.models import Device, Node, Pool
+from ledger.models import PoolCapacityRollup
 from reservations.models import Allocation, DeviceBooking
 from tests.factories import AllocationFactory, DeviceFactory, NodeFactory, PoolFactory
 

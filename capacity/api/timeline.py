@@ -20,7 +20,8 @@ from core.api import (
     time_ms_field,
 )
 from core.authentication import principal_of
-from core.decisions import CAPACITY_READ, decide_pool
+from core.decisions import CAPACITY_READ
+from inventory.access import decide_pool
 
 
 class TimelineInput(StrictSerializer):

@@ -9,7 +9,8 @@ from capacity.api.serializers import ByPoolInput, ByPoolOutput, SummaryInput, Su
 from capacity.selectors import capacity_summary, rollup_rows
 from core.api import RpcViewSet, rpc_action, rpc_input
 from core.authentication import principal_of
-from core.decisions import CAPACITY_READ, decide_pool, decide_tenant
+from core.decisions import CAPACITY_READ, decide_tenant
+from inventory.access import decide_pool
 
 
 def _by_pool(request: Request) -> Response:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from core.api import (
-    RESERVATION_ID_REGEX,
     StrictCharField,
     StrictIntegerField,
     StrictRegexField,
@@ -17,6 +16,7 @@ from core.api import (
     pool_id_field,
     tenant_id_field,
 )
+from core.constants import RESERVATION_ID_REGEX
 from reservations.models import ReservationState
 from reservations.selectors import DEFAULT_LIMIT, MAX_LIMIT
 

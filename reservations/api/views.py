@@ -12,13 +12,8 @@ from rest_framework.response import Response
 
 from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_input, rpc_output
 from core.authentication import actor_of, principal_of
-from core.decisions import (
-    CAPACITY_READ,
-    RESERVATIONS_READ,
-    RESERVATIONS_WRITE,
-    decide_pool,
-    decide_tenant,
-)
+from core.decisions import CAPACITY_READ, RESERVATIONS_READ, RESERVATIONS_WRITE, decide_tenant
+from inventory.access import decide_pool
 from reservations.api.serializers import (
     PreviewOutput,
     ReservationListInput,

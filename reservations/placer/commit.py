@@ -30,10 +30,14 @@ from typing import Any
 
 from django.db import OperationalError, connection, transaction
 
-from capacity.rollups import SCALAR_RESOURCES, rollup_apply_deltas
-from capacity.schedulability import schedulable_sql
-from core.errors import NoCapacity, QuotaExceeded
+from core.constants import DEADLOCK_DETECTED
+from core.errors import NoCapacity
+from inventory.choices import SCALAR_RESOURCES
 from inventory.models import Pool
+from inventory.resources import node_resources_claim, node_resources_give_back
+from inventory.schedulability import schedulable_sql
+from ledger.quota import quota_charge, quota_give_back
+from ledger.rollups import rollup_apply_deltas
 from reservations.models import Allocation, Reservation
 from reservations.placer.filters import Window
 from reservations.placer.plan import Member, Option, Plan, placement_plan
@@ -49,7 +53,6 @@ MAX_REPLANS = 3
 # Points: "before_node_lock", "after_locks".
 HOOKS: list[Callable[[str, str], None]] = []
 
-_DEADLOCK = "40P01"
 _LOCK_NOT_AVAILABLE = "55P03"
 
 
@@ -115,42 +118,6 @@ def _insert_bookings(*, allocation_id: str, device_ids: list[int], window: Windo
         return cursor.rowcount == len(device_ids)
 
 
-# Guard 3 for every scalar of a member in one statement: the WHERE clause is
-# the capacity check, evaluated on the latest row version under the row lock,
-# so two claims can never both fit the last units. `locked` takes the rows in
-# resource order first (the UPDATE's join order is the planner's), so two
-# placements on one node never lock them in opposite orders.
-_CLAIM_SCALARS_SQL = """
-WITH c AS (
-    SELECT resource, amount
-      FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS c(resource, amount)
-),
-locked AS (
-    SELECT nr.id FROM inventory_noderesource nr
-     WHERE nr.node_id = %(node)s AND nr.resource = ANY(%(resources)s::varchar[])
-     ORDER BY nr.resource COLLATE "C"
-       FOR UPDATE
-)
-UPDATE inventory_noderesource nr SET allocated = nr.allocated + c.amount
-  FROM c
- WHERE nr.id IN (SELECT id FROM locked) AND nr.resource = c.resource
-   AND nr.allocated + c.amount <= floor(nr.allocatable * nr.ratio)
-"""
-
-
-def _claim_scalars(*, node_id: str, resources: dict[str, int]) -> bool:
-    """Claim every scalar or none: a short row count (one did not fit, or the node lacks it) loses."""
-    names = sorted(name for name, amount in resources.items() if amount > 0)
-    if not names:
-        return True
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM_SCALARS_SQL,
-            {"node": node_id, "resources": names, "amounts": [resources[name] for name in names]},
-        )
-        return cursor.rowcount == len(names)
-
-
 def _displace_spot(*, device_ids: list[int], window: Window) -> list[str]:
     """Give notice to the spot reservations booked on these atoms in the window; return their ids."""
     with connection.cursor() as cursor:
@@ -185,7 +152,7 @@ def _commit_member(
     allocation = Allocation.objects.create(reservation=reservation, node_id=member.node_id, resources=claims)
     if not _insert_bookings(allocation_id=allocation.id, device_ids=device_ids, window=window):
         raise _LostRace("atoms booked concurrently")
-    if not _claim_scalars(node_id=member.node_id, resources=claims):
+    if not node_resources_claim(node_id=member.node_id, resources=claims):
         raise _LostRace("scalars claimed concurrently")
     return allocation, displaced
 
@@ -213,7 +180,7 @@ def _try_option(
         # Two placements locking or booking the same atoms in opposite orders:
         # PostgreSQL breaks the cycle by failing one statement; the savepoint
         # absorbs it and this placement moves on like any other lost race.
-        if getattr(exc.__cause__, "sqlstate", None) in (_DEADLOCK, _LOCK_NOT_AVAILABLE):
+        if getattr(exc.__cause__, "sqlstate", None) in (DEADLOCK_DETECTED, _LOCK_NOT_AVAILABLE):
             logger.info("placement lost a race on option %s: %s", option.members[0].node_id, exc)
             return None
         raise
@@ -270,66 +237,6 @@ def placement_charges(placement: Placement) -> dict[str, int]:
     return dict(charges)
 
 
-# Guard 5 for every resource of a placement in one statement. The UPDATE's
-# WHERE clause is the limit check, re-evaluated under each row's lock, so two
-# concurrent creates cannot both take the last units. `refused` lists the
-# resources that have a quota row the charge did not fit in (a missing row
-# means unlimited); the caller raises QUOTA_EXCEEDED and the transaction rolls
-# the other charges back. `locked` takes the rows in resource order before the
-# UPDATE touches them (whose join order is the planner's), so two creates or
-# releases of one tenant never lock them in opposite orders.
-_QUOTA_CHARGE_SQL = """
-WITH c AS (
-    SELECT resource, amount
-      FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS c(resource, amount)
-),
-locked AS (
-    SELECT q.id FROM quota_usage q
-     WHERE q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = ANY(%(resources)s::varchar[])
-     ORDER BY q.resource COLLATE "C"
-       FOR UPDATE
-),
-charged AS (
-    UPDATE quota_usage q SET used = q.used + c.amount
-      FROM c
-     WHERE q.id IN (SELECT id FROM locked) AND q.resource = c.resource
-       AND q.used + c.amount <= q.max
-    RETURNING q.resource
-)
-SELECT q.resource, q.used, q.max, c.amount
-  FROM c JOIN quota_usage q ON q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = c.resource
- WHERE c.resource NOT IN (SELECT resource FROM charged)
- ORDER BY q.resource COLLATE "C"
-"""
-
-
-def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int]) -> None:
-    """Guard 5: charge every resource with one guarded UPDATE; a missing row means unlimited."""
-    resources = sorted(name for name, amount in charges.items() if amount > 0)
-    if not resources:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _QUOTA_CHARGE_SQL,
-            {
-                "pool": pool_id,
-                "tenant": tenant_id,
-                "resources": resources,
-                "amounts": [charges[name] for name in resources],
-            },
-        )
-        refused = cursor.fetchall()
-    if refused:
-        resource, used, limit, amount = refused[0]
-        raise QuotaExceeded(
-            f"quota for {resource} in this pool would be exceeded ({used} used of {limit}, {amount} asked)",
-            [
-                {"field": "quota", "resource": resource, "used": used, "max": limit, "asked": amount}
-                for resource, used, limit, amount in refused
-            ],
-        )
-
-
 def placement_charge(*, placement: Placement, request: ReservationRequest) -> None:
     """Quota and rollup deltas for a committed placement, in the same transaction (two statements)."""
     charges = placement_charges(placement)
@@ -343,37 +250,6 @@ def placement_charge(*, placement: Placement, request: ReservationRequest) -> No
         else:
             deltas[resource] = (0, amount)
     rollup_apply_deltas(pool_id=request.pool_id, deltas=deltas)
-
-
-# The scalars an allocation gives back, all of a reservation's nodes and
-# resources in one statement. `locked` takes the rows in (node, resource)
-# order first, so two give-backs never lock them in opposite orders.
-_SCALARS_GIVE_BACK_SQL = """
-WITH locked AS (
-    SELECT nr.id FROM inventory_noderesource nr
-     WHERE (nr.node_id, nr.resource) IN (SELECT * FROM unnest(%(nodes)s::varchar[], %(resources)s::varchar[]))
-     ORDER BY nr.node_id, nr.resource
-       FOR UPDATE
-)
-UPDATE inventory_noderesource nr SET allocated = GREATEST(0, nr.allocated - g.amount)
-  FROM (SELECT node_id, resource, sum(amount) AS amount
-          FROM unnest(%(nodes)s::varchar[], %(resources)s::varchar[], %(amounts)s::bigint[])
-               AS g(node_id, resource, amount)
-         GROUP BY node_id, resource) g
- WHERE nr.id IN (SELECT id FROM locked) AND nr.node_id = g.node_id AND nr.resource = g.resource
-"""
-
-_QUOTA_GIVE_BACK_SQL = """
-WITH locked AS (
-    SELECT q.id FROM quota_usage q
-     WHERE q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = ANY(%(resources)s::varchar[])
-     ORDER BY q.resource COLLATE "C"
-       FOR UPDATE
-)
-UPDATE quota_usage q SET used = GREATEST(0, q.used - g.amount)
-  FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS g(resource, amount)
- WHERE q.id IN (SELECT id FROM locked) AND q.resource = g.resource
-"""
 
 
 def reservation_cut(
@@ -448,27 +324,8 @@ def reservation_cut(
                 scalars.append((node_id, resource, amount))
                 quota[resource] += amount
                 allocated[resource] += amount
-        if scalars:
-            scalars.sort()
-            cursor.execute(
-                _SCALARS_GIVE_BACK_SQL,
-                {
-                    "nodes": [row[0] for row in scalars],
-                    "resources": [row[1] for row in scalars],
-                    "amounts": [row[2] for row in scalars],
-                },
-            )
-        given = sorted(name for name, amount in quota.items() if amount > 0)
-        if given:
-            cursor.execute(
-                _QUOTA_GIVE_BACK_SQL,
-                {
-                    "pool": pool_id,
-                    "tenant": tenant_id,
-                    "resources": given,
-                    "amounts": [quota[name] for name in given],
-                },
-            )
+    node_resources_give_back(claims=scalars)
+    quota_give_back(pool_id=pool_id, tenant_id=tenant_id, amounts=quota)
     rollup_apply_deltas(
         pool_id=pool_id,
         deltas={

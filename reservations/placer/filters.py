@@ -7,7 +7,7 @@ parameters; only the shape of the query (which filters apply) is Python.
 A node passes when:
 
 * its pool is the request's pool and is not archived;
-* it is schedulable (`capacity.schedulability.schedulable_sql`, the one definition);
+* it is schedulable (`inventory.schedulability.schedulable_sql`, the one definition);
 * each scalar claim fits `floor(allocatable * ratio) - allocated` on it;
 * for every device item, it holds enough healthy, bookable atoms of the
   item's class that match the item's selector and are free for the whole
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from capacity.schedulability import schedulable_sql
 from inventory.attributes import NODE_LABEL_PREFIX, attribute_type
+from inventory.schedulability import schedulable_sql
 from reservations.placer.sql import Params
 from reservations.request_types import DeviceRequest, ReservationRequest, Selector
 

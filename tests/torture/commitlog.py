@@ -7,7 +7,7 @@ they observe:
 
 * a node UPDATE that changes `cordoned`, `maintenance` or `noschedule_taints`
   logs whether the node is now schedulable (THE predicate,
-  `capacity.schedulability.schedulable_sql`);
+  `inventory.schedulability.schedulable_sql`);
 * a device UPDATE that changes `healthy` or `bookable` logs whether it is an
   eligible atom now;
 * every allocation booking INSERT logs its node and atom.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from capacity.schedulability import schedulable_sql
+from inventory.schedulability import schedulable_sql
 
 TABLES = ("torture_events", "torture_commits")
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from capacity.rollups import rollup_rebuild_all
 from core.clock import compute_now
-from inventory.models import Device, Node, NodeResource, Pool, Tenant
+from core.models import Tenant
+from inventory.models import Device, Node, NodeResource, Pool
 from tests.factories import OfferingFactory, PoolFactory, QuotaUsageFactory, TenantFactory
 from tests.torture.commitlog import commitlog_install, commitlog_uninstall
 

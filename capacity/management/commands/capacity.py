@@ -13,9 +13,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from capacity.models import ROLLUP_COUNTS
 from capacity.selectors import capacity_summary, rollup_rows
-from core.decisions import visible_pools
+from inventory.access import visible_pools
+from ledger.models import ROLLUP_COUNTS
 
 ROW_COLUMNS = ("resource", *ROLLUP_COUNTS)
 BAR_WIDTH = 30

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inventory.fleet import fleet_generate
+from fleets.synthetic import fleet_generate
 
 
 class Command(BaseCommand):

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from core.errors import Conflict, InvalidInput
-from inventory.fleet import fleet_load
+from fleets.load import fleet_load
 
 
 class Command(BaseCommand):

@@ -1,0 +1,24 @@
+"""The project-wide vocabulary: identifier patterns, time bounds and PostgreSQL error codes.
+
+Each is defined here once and imported; an app's own vocabulary (device classes,
+reservation states, ...) lives in that app's `constants.py` or `models.py`.
+"""
+
+from __future__ import annotations
+
+# A tenant id, an idempotency key, a node report's hostname: the contract's plain identifier.
+IDENT_REGEX = r"^[A-Za-z0-9._:-]{1,128}$"
+TENANT_ID_REGEX = IDENT_REGEX
+
+# Prefixed ULIDs (`core.ids`), as the contract spells them.
+POOL_ID_REGEX = r"^pool_[0-9a-hjkmnp-tv-z]{26,52}$"
+PROJECT_ID_REGEX = r"^prj_[0-9a-hjkmnp-tv-z]{26,52}$"
+NODE_ID_REGEX = r"^node_[0-9a-hjkmnp-tv-z]{26,52}$"
+RESERVATION_ID_REGEX = r"^rsv_[0-9a-hjkmnp-tv-z]{26,52}$"
+
+# The largest time the contract accepts, in milliseconds since the epoch (2^47).
+MAX_TIME_MS = 140737488355328
+
+# SQLSTATEs the services react to (PostgreSQL's error codes appendix).
+DEADLOCK_DETECTED = "40P01"
+SERIALIZATION_FAILURE = "40001"

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class FleetsConfig(AppConfig):
+    name = "fleets"
+    verbose_name = "Fleet files"

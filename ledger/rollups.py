@@ -1,0 +1,181 @@
+"""Pool capacity rollups: the rows capacity reads, their deltas and their rebuild's writes.
+
+Only this module writes `pool_capacity_rollup`. The booking transaction applies
+deltas (`rollup_apply_deltas`); the reconciler (`capacity.rollups`) recounts
+from nodes, devices and bookings and stores the counts here with
+`rollup_rows_lock` and `rollup_rows_store`, in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import connection
+
+from inventory.choices import ALL_RESOURCES
+
+
+def rollup_apply_delta(*, pool_id: str, resource: str, allocated: int = 0, reserved: int = 0) -> None:
+    """Add a placement's (or subtract a release's) atoms, inside the caller's transaction.
+
+    `allocated` counts bookings that have started, `reserved` those that start
+    later. Counts never go below zero: a booking that started after the last
+    rebuild sits in `reserved` until the next one, and its release may subtract
+    from `allocated`; the rebuild corrects that drift.
+
+    Scalars (`vcpu`, ...) go to `allocated` only, as the rebuild counts them.
+    A caller touching several resources of one pool should use
+    `rollup_apply_deltas`, which locks the rows in the rebuild's order.
+    """
+    if not allocated and not reserved:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO pool_capacity_rollup (pool_id, resource, total, allocatable, allocated,
+                reserved, provisioning, unhealthy, maintenance, unreachable, updated_at)
+            VALUES (%(pool)s, %(resource)s, 0, 0, GREATEST(0, %(allocated)s), GREATEST(0, %(reserved)s),
+                0, 0, 0, 0, compute_now())
+            ON CONFLICT (pool_id, resource) DO UPDATE
+               SET allocated = GREATEST(0, pool_capacity_rollup.allocated + %(allocated)s),
+                   reserved = GREATEST(0, pool_capacity_rollup.reserved + %(reserved)s),
+                   updated_at = compute_now()
+            """,
+            {"pool": pool_id, "resource": resource, "allocated": allocated, "reserved": reserved},
+        )
+
+
+# All of one pool's deltas in one statement. The rows are inserted (or
+# updated) in the order the SELECT produces them, resource by code point, the
+# order in which the rebuild locks them (`_LOCK_ROWS_SQL`), so a booking
+# transaction and a rebuild queue behind each other instead of deadlocking.
+_APPLY_DELTAS_SQL = """
+WITH d AS (
+    SELECT resource, allocated, reserved
+      FROM unnest(%(resources)s::varchar[], %(allocated)s::bigint[], %(reserved)s::bigint[])
+           AS d(resource, allocated, reserved)
+)
+INSERT INTO pool_capacity_rollup AS r (pool_id, resource, total, allocatable, allocated,
+    reserved, provisioning, unhealthy, maintenance, unreachable, updated_at)
+SELECT %(pool)s, d.resource, 0, 0, GREATEST(0, d.allocated), GREATEST(0, d.reserved),
+       0, 0, 0, 0, compute_now()
+  FROM d
+ ORDER BY d.resource COLLATE "C"
+ON CONFLICT (pool_id, resource) DO UPDATE
+   SET allocated = GREATEST(0, r.allocated + (SELECT d.allocated FROM d WHERE d.resource = r.resource)),
+       reserved = GREATEST(0, r.reserved + (SELECT d.reserved FROM d WHERE d.resource = r.resource)),
+       updated_at = compute_now()
+"""
+
+
+def rollup_apply_deltas(*, pool_id: str, deltas: Mapping[str, tuple[int, int]]) -> None:
+    """Apply `{resource: (allocated, reserved)}` for one pool, in resource-name order.
+
+    The rebuild locks a pool's rows ordered by resource; taking them in the
+    same order here means a booking transaction and a rebuild queue behind each
+    other instead of deadlocking. One statement whatever the number of resources.
+    """
+    resources = sorted(name for name, (allocated, reserved) in deltas.items() if allocated or reserved)
+    if not resources:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _APPLY_DELTAS_SQL,
+            {
+                "pool": pool_id,
+                "resources": resources,
+                "allocated": [deltas[name][0] for name in resources],
+                "reserved": [deltas[name][1] for name in resources],
+            },
+        )
+
+
+# Step 1 of a rebuild: make sure every row the count may write exists, so that
+# step 2 can lock all of them. A booking transaction that would create a row
+# the rebuild then overwrites is the race this closes: with the row already
+# there (and locked), the booking's delta waits for the rebuild instead.
+_ENSURE_ROWS_SQL = """
+INSERT INTO pool_capacity_rollup (pool_id, resource, total, allocatable, allocated, reserved,
+    provisioning, unhealthy, maintenance, unreachable, updated_at)
+SELECT p.pool_id, r.resource, 0, 0, 0, 0, 0, 0, 0, 0, compute_now()
+  FROM unnest(%(pools)s::varchar[]) AS p(pool_id)
+ CROSS JOIN unnest(%(resources)s::varchar[]) AS r(resource)
+ ORDER BY 1, 2
+ON CONFLICT (pool_id, resource) DO NOTHING
+"""
+
+# Step 2: lock the rows. `rollup_apply_delta` updates these same rows, so a
+# booking transaction that has not committed yet makes us wait here (and is
+# then visible to the count), and one that starts later waits for our commit
+# (and adds its delta to our count). Ordered by code point, as Python's
+# `sorted()` orders a booking's resources, so two rebuilds, or a rebuild and a
+# booking transaction applying its deltas in sorted order, take the rows in
+# one order instead of deadlocking.
+_LOCK_ROWS_SQL = """
+SELECT id FROM pool_capacity_rollup
+ WHERE pool_id = ANY(%(pools)s::varchar[])
+ ORDER BY pool_id COLLATE "C", resource COLLATE "C"
+   FOR UPDATE
+"""
+
+
+def rollup_rows_lock(*, pool_ids: list[str]) -> None:
+    """Steps 1 and 2 of a rebuild: make every row the count may write exist, then lock them all."""
+    params = {"pools": pool_ids, "resources": list(ALL_RESOURCES)}
+    with connection.cursor() as cursor:
+        cursor.execute(_ENSURE_ROWS_SQL, params)
+        cursor.execute(_LOCK_ROWS_SQL, params)
+        cursor.fetchall()
+
+
+# The counts a rebuild stores, in this order.
+ROLLUP_STORED_COUNTS = (
+    "allocatable",
+    "allocated",
+    "reserved",
+    "provisioning",
+    "unhealthy",
+    "maintenance",
+    "unreachable",
+)
+
+# Step 4: write the counted rows (`total` is their sum, as the CHECK requires)
+# and drop the rows of resources the pools no longer have (and those step 1
+# made just to lock them). They are locked by us, so no delta is lost: a
+# waiting delta's upsert retries and inserts afresh after our commit.
+_STORE_ROWS_SQL = """
+WITH c AS (
+    SELECT * FROM json_to_recordset(%(rows)s::json)
+        AS c(pool_id text, resource text, allocatable bigint, allocated bigint, reserved bigint,
+             provisioning bigint, unhealthy bigint, maintenance bigint, unreachable bigint)
+),
+written AS (
+    INSERT INTO pool_capacity_rollup AS r (pool_id, resource, total, allocatable, allocated, reserved,
+        provisioning, unhealthy, maintenance, unreachable, updated_at, rebuilt_at)
+    SELECT c.pool_id, c.resource,
+           c.allocatable + c.provisioning + c.unhealthy + c.maintenance + c.unreachable,
+           c.allocatable, c.allocated, c.reserved,
+           c.provisioning, c.unhealthy, c.maintenance, c.unreachable, compute_now(), compute_now()
+      FROM c
+     ORDER BY c.pool_id COLLATE "C", c.resource COLLATE "C"
+    ON CONFLICT (pool_id, resource) DO UPDATE
+       SET total = EXCLUDED.total, allocatable = EXCLUDED.allocatable, allocated = EXCLUDED.allocated,
+           reserved = EXCLUDED.reserved, provisioning = EXCLUDED.provisioning,
+           unhealthy = EXCLUDED.unhealthy, maintenance = EXCLUDED.maintenance,
+           unreachable = EXCLUDED.unreachable, updated_at = EXCLUDED.updated_at,
+           rebuilt_at = EXCLUDED.rebuilt_at
+    RETURNING r.pool_id, r.resource
+)
+DELETE FROM pool_capacity_rollup old
+ WHERE old.pool_id = ANY(%(pools)s::varchar[])
+   AND NOT EXISTS (SELECT 1 FROM written w WHERE w.pool_id = old.pool_id AND w.resource = old.resource)
+"""
+
+
+def rollup_rows_store(*, pool_ids: list[str], rows: list[dict[str, Any]]) -> None:
+    """Replace the locked pools' rows with recounted ones: `{pool_id, resource, <ROLLUP_STORED_COUNTS>}`."""
+    import json
+
+    with connection.cursor() as cursor:
+        cursor.execute(_STORE_ROWS_SQL, {"pools": pool_ids, "rows": json.dumps(rows)})
