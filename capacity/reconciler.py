@@ -1,16 +1,14 @@
-"""The capacity reconciler: a singleton pass that runs the hooks, then rebuilds every pool's rollup.
+"""The capacity reconciler: a singleton pass that settles reservations, then rebuilds every pool's rollup.
 
 Several replicas may run `rebuild_rollups --every`; a session-level
 PostgreSQL advisory lock (`core.locks.ADVISORY_LOCK_KEYS["rollup-reconciler"]`)
 lets only one of them run a pass at a time, and the others skip theirs.
 
-Hooks: other modules append a callable (no arguments, returns None) to
-`RECONCILE_HOOKS` (or call `reconcile_hook_register`) when their app loads,
-for example the lease work that releases reservations whose lease expired.
-Each runs once per pass, in registration order, under the advisory lock and
-BEFORE the rebuild, so the rebuilt numbers already reflect what the hooks
-released. A hook manages its own transactions; one that raises is logged and
-does not stop the others or the rebuild.
+Each pass first runs the reservations' time-driven work
+(`reservations.services.reservations_reconcile`: due leases, ended
+reservations, nodes that missed a delivery), then rebuilds, so the rebuilt
+numbers already reflect what it released. That work manages its own
+transactions; if it raises, the error is logged and the rebuild still runs.
 """
 
 from __future__ import annotations
@@ -27,20 +25,11 @@ from django.db import connection
 
 from capacity.rollups import rollup_rebuild_all
 from core.locks import ADVISORY_LOCK_KEYS
+from reservations.services import reservations_reconcile
 
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "rollup-reconciler"
-
-ReconcileHook = Callable[[], None]
-RECONCILE_HOOKS: list[ReconcileHook] = []
-
-
-def reconcile_hook_register(hook: ReconcileHook) -> ReconcileHook:
-    """Run `hook` on every reconciler pass (usable as a decorator); registering twice is a no-op."""
-    if hook not in RECONCILE_HOOKS:
-        RECONCILE_HOOKS.append(hook)
-    return hook
 
 
 def _try_lock(key: int) -> bool:
@@ -63,11 +52,11 @@ def reconcile_once(*, progress: Callable[[int, int], None] | None = None) -> boo
     if not _try_lock(key):
         return False
     try:
-        for hook in list(RECONCILE_HOOKS):
-            try:
-                hook()
-            except Exception:
-                logger.exception("reconciler hook %r failed", hook)
+        try:
+            reservations_reconcile()
+        except Exception:
+            # The rebuild still runs: a failing lease or settlement pass must not freeze the numbers.
+            logger.exception("the reconciler's reservation pass failed")
         rollup_rebuild_all(progress=progress)
     finally:
         _unlock(key)

@@ -6,7 +6,8 @@ believes. This stand-in keeps that record in its own table,
 `fake_daemon_assignments` (node, device uid, reservation, `[starts_at, ends_at)`),
 and checks overlaps in Python against what it holds, never trusting the
 control plane's constraint. A refused assignment answers `AllocationFailed`,
-and the control plane releases the reservation.
+and the control plane releases the reservation. This module never calls the
+control plane: it answers, and the caller acts.
 
 Assignments are delivered after the booking transaction commits
 (`transaction.on_commit`), never while the placer's locks are held.
@@ -89,8 +90,12 @@ def _known_reservation(reservation_id: str) -> bool:
         return cursor.fetchone() is not None
 
 
-def daemon_deliver(*, reservation_id: str) -> bool:
-    """Send a committed reservation's bookings to its nodes; on a refusal, release it. True if accepted."""
+def daemon_deliver(*, reservation_id: str) -> AllocationFailed | None:
+    """Send a committed reservation's bookings to its nodes; the refusal, if a node refused.
+
+    The daemon only answers; the control plane (`reservations.services.reservation_deliver`)
+    releases a refused reservation.
+    """
     try:
         for (node_id, allocation_id), assignments in sorted(_bookings_of(reservation_id).items()):
             assign = partial(
@@ -115,14 +120,8 @@ def daemon_deliver(*, reservation_id: str) -> bool:
                 assign()
     except AllocationFailed as exc:
         logger.warning("node refused reservation %s: %s", reservation_id, exc)
-        from reservations.models import Reservation
-        from reservations.services import reservation_release
-
-        reservation = Reservation.objects.get(pk=reservation_id)
-        reservation_release(reservation=reservation, actor="node", reason=f"AllocationFailed: {exc}")
-        daemon_shorten(reservation_id=reservation_id)
-        return False
-    return True
+        return exc
+    return None
 
 
 def daemon_shorten(*, reservation_id: str) -> None:
@@ -162,12 +161,12 @@ def daemon_holdings(*, device_uid: str) -> list[tuple[str, datetime, datetime]]:
         return [(row[0], row[1], row[2]) for row in cursor.fetchall()]
 
 
-def daemon_redeliver_missing(*, limit: int = 500) -> int:
-    """Tell the nodes about live bookings they do not hold as booked; return how many reservations.
+def daemon_behind(*, limit: int = 500) -> list[str]:
+    """Live reservations some node does not hold as booked (cut or missing), oldest id first.
 
     Delivery runs after commit, so a crash, a lost connection or a restart
-    between the commit and the node can leave a node behind. The reconciler
-    runs this on every pass: cut what was shortened, add what is missing.
+    between the commit and the node can leave a node behind; the reconciler
+    redelivers these (`reservations.services.reservations_redeliver`).
     """
     with connection.cursor() as cursor:
         cursor.execute(
@@ -185,8 +184,4 @@ def daemon_redeliver_missing(*, limit: int = 500) -> int:
             """,
             [limit],
         )
-        behind = [row[0] for row in cursor.fetchall()]
-    for reservation_id in behind:
-        daemon_shorten(reservation_id=reservation_id)
-        daemon_deliver(reservation_id=reservation_id)
-    return len(behind)
+        return [row[0] for row in cursor.fetchall()]

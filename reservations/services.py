@@ -21,11 +21,11 @@ from typing import Any
 
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from capacity.reconciler import reconcile_hook_register
 from core.clock import compute_now
 from core.constants import DEADLOCK_DETECTED
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
 from inventory.models import Pool, Project
+from reservations.daemon import daemon_behind, daemon_deliver, daemon_shorten
 from reservations.models import Reservation
 from reservations.placer.commit import placement_charge, placement_commit, reservation_cut
 from reservations.placer.plan import placement_window
@@ -166,14 +166,12 @@ def _create_once(
         displaced = list(placement.displaced_reservations)
 
         def deliver() -> None:
-            from reservations.daemon import daemon_deliver, daemon_shorten
-
             # The booking is committed; a node that cannot be told now is
             # reconciled later, it must not turn a made reservation into an error.
             try:
                 for spot_id in displaced:
                     daemon_shorten(reservation_id=spot_id)
-                daemon_deliver(reservation_id=reservation_id)
+                reservation_deliver(reservation_id=reservation_id)
             except Exception:
                 logger.exception("delivering reservation %s to its nodes failed", reservation_id)
 
@@ -292,8 +290,6 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
         released_id = locked.pk
 
         def tell_daemon() -> None:
-            from reservations.daemon import daemon_shorten
-
             daemon_shorten(reservation_id=released_id)
 
         transaction.on_commit(tell_daemon)
@@ -350,8 +346,6 @@ def _now_expr() -> Any:
     return Func(function="compute_now", output_field=DateTimeField())
 
 
-# The capacity reconciler runs this on every pass (registering twice is a no-op;
-# `ReservationsConfig.ready` imports this module so the hook is there in every process).
 def reservation_settle_ended(*, limit: int = 500) -> int:
     """Give back the scalars and quota of reservations that ran to their end; return how many.
 
@@ -375,13 +369,31 @@ def reservation_settle_ended(*, limit: int = 500) -> int:
             return settled
 
 
-def lease_expire_hook() -> None:
-    """The reconciler hook: release due leases, settle ended reservations, catch the nodes up."""
-    from reservations.daemon import daemon_redeliver_missing
+def reservation_deliver(*, reservation_id: str) -> bool:
+    """Tell the nodes about a committed reservation; release it if a node refuses (guard 6).
 
+    True if every node accepted.
+    """
+    refusal = daemon_deliver(reservation_id=reservation_id)
+    if refusal is None:
+        return True
+    reservation = Reservation.objects.get(pk=reservation_id)
+    reservation_release(reservation=reservation, actor="node", reason=f"AllocationFailed: {refusal}")
+    daemon_shorten(reservation_id=reservation_id)
+    return False
+
+
+def reservations_redeliver(*, limit: int = 500) -> int:
+    """Catch the nodes up on live reservations they lack or hold uncut; return how many were behind."""
+    behind = daemon_behind(limit=limit)
+    for reservation_id in behind:
+        daemon_shorten(reservation_id=reservation_id)
+        reservation_deliver(reservation_id=reservation_id)
+    return len(behind)
+
+
+def reservations_reconcile() -> None:
+    """The reconciler's reservation work on each pass: due leases, ended reservations, lagging nodes."""
     lease_expire_due()
     reservation_settle_ended()
-    daemon_redeliver_missing()
-
-
-reconcile_hook_register(lease_expire_hook)
+    reservations_redeliver()
