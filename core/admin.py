@@ -21,7 +21,7 @@ from django.utils.html import format_html
 
 from core import services
 from core.errors import DomainError
-from core.models import ApiToken, AuditEvent, Principal, Role, RoleBinding
+from core.models import ApiToken, AuditEvent, Principal, Role, RoleBinding, Tenant
 
 admin.site.site_header = "GPU capacity: operator admin"
 admin.site.site_title = "GPU capacity admin"
@@ -293,3 +293,17 @@ __all__: Sequence[str] = (
     "plural",
     "reason_action",
 )
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ("id", "name", "pool_count", "created_at")
+    search_fields = ("id", "name")
+    readonly_fields = ("created_at",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
+        return super().get_queryset(request).annotate(n_pools=Count("owned_pools"))
+
+    @admin.display(description="pools owned", ordering="n_pools")
+    def pool_count(self, obj: Any) -> int:
+        return int(obj.n_pools)

@@ -22,8 +22,9 @@ from inventory.models import (
     Taint,
     TaintEffect,
 )
-from inventory.services import NODE_REGISTRATION_FIELDS, inventory_apply_reports
+from inventory.services import NODE_REGISTRATION_FIELDS
 from ledger.quota import quota_limit_set
+from reservations.layouts import node_reports_apply
 
 
 def fleet_load(
@@ -118,7 +119,7 @@ def _load_nodes(
             last_heartbeat_at=_now()
         )
         _load_taints(batch, by_host)
-        inventory_apply_reports(
+        node_reports_apply(
             items=[(by_host[s.hostname], s.report) for s in batch if s.report is not None],
             actor=actor,
             ratios={by_host[s.hostname].pk: s.ratios for s in batch},

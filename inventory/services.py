@@ -22,8 +22,8 @@ from django.db.models import Func
 
 from core.errors import Conflict, InvalidInput, NotFound
 from core.services import audit_record
-from inventory.models import Device, DeviceClass, Node, Pool, Sharing
-from inventory.reports import SCALARS, GpuReport, NodeReport, report_parse
+from inventory.models import DeviceClass, Node, Pool, Sharing
+from inventory.reports import SCALARS, GpuReport, NodeReport
 
 logger = logging.getLogger(__name__)
 
@@ -155,39 +155,6 @@ def _upsert(rows: Sequence[tuple[_Want, int | None]]) -> dict[str, int]:
         return {uid: pk for pk, uid in cursor.fetchall()}
 
 
-def _book_layout_change(device_ids: list[int], *, open_ended: bool) -> set[int]:
-    """Guard 2: book atoms for a layout change; returns the ids that got a booking.
-
-    `INSERT ... ON CONFLICT DO NOTHING` (no conflict target) honours the exclusion
-    constraint, so an atom with a live or future booking is skipped, not raised on,
-    and the caller compares counts. Open-ended (`[now, )`: unbounded, as `infinity`) so that a booking
-    starting any time later also refuses the change; the caller cuts it afterwards.
-    """
-    if not device_ids:
-        return set()
-    upper = "NULL" if open_ended else "compute_now() + make_interval(secs => %s)"
-    # Placeholders in text order: the window (when closed) comes before the ids.
-    params: list[Any] = [] if open_ended else [_layout_window_seconds()]
-    params.append(device_ids)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO device_bookings (device_id, allocation_id, purpose, during)
-            SELECT d, NULL, 'layout-change', tstzrange(compute_now(), {upper})
-              FROM unnest(%s::bigint[]) AS d
-            ON CONFLICT DO NOTHING
-            RETURNING device_id
-            """,
-            params,
-        )
-        return {row[0] for row in cursor.fetchall()}
-
-
-def _layout_window_seconds() -> float:
-    # A zero window would make an empty range, which the bookings' CHECK refuses.
-    return max(1.0, float(settings.CAPACITY_LAYOUT_CHANGE_SECONDS))
-
-
 def _fetch_existing(node_ids: list[str]) -> list[dict[str, Any]]:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -205,14 +172,42 @@ def _fetch_existing(node_ids: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+@dataclass(frozen=True)
+class LayoutChange:
+    """A GPU whose MIG or slot layout a report changes: its atoms before and after."""
+
+    gpu_uid: str
+    node_id: str
+    # The GPU itself and the children it had; none of them may carry a live or future booking.
+    old_atom_ids: list[int]
+    # The children it has now, booked for the change window with the old ones.
+    new_atom_ids: list[int]
+
+
+@dataclass(frozen=True)
+class ReportsApplied:
+    """What applying reports did that a layer above must act on in the same transaction."""
+
+    layout_changes: list[LayoutChange]
+
+
+def layout_window_seconds() -> float:
+    """How long a layout change books the GPU's atoms (`CAPACITY_LAYOUT_CHANGE_SECONDS`)."""
+    # A zero window would make an empty range, which the bookings' CHECK refuses.
+    return max(1.0, float(settings.CAPACITY_LAYOUT_CHANGE_SECONDS))
+
+
 def inventory_apply_reports(
     *,
     items: Iterable[tuple[Node, NodeReport]],
     actor: str,
     ratios: dict[str, dict[str, float]] | None = None,
     connect: bool = True,
-) -> None:
-    """Apply parsed reports for several nodes at once; the batch form of `inventory_apply_report`.
+) -> ReportsApplied:
+    """Write parsed reports for several nodes at once: devices, scalars, heartbeat.
+
+    Guard 2 is the caller's half: the returned layout changes must be booked
+    (`reservations.layouts.node_reports_apply` does both in one transaction).
 
     Runs in the caller's transaction (opening one if there is none). `ratios` maps a
     node id to overcommit ratios per scalar (the fleet loader's); without it each
@@ -222,7 +217,7 @@ def inventory_apply_reports(
     """
     items = list(items)
     if not items:
-        return
+        return ReportsApplied(layout_changes=[])
     ratios = ratios or {}
     with transaction.atomic():
         ids = sorted({node.pk for node, _ in items})
@@ -263,7 +258,7 @@ def inventory_apply_reports(
         by_uid = {row["uid"]: row for row in existing}
         _refuse_foreign_uids([uid for uid in want_by_uid if uid not in by_uid])
 
-        changed_gpus, layout_booked = _guard_layout_changes(wants=wants, existing=existing, by_uid=by_uid)
+        changed_gpus, old_atoms = _layout_changes(wants=wants, existing=existing, by_uid=by_uid)
 
         # Upsert what is new, changed or coming back; parents first so children can name them.
         ids_by_uid = {row["uid"]: row["id"] for row in existing}
@@ -298,22 +293,23 @@ def inventory_apply_reports(
                     [gone],
                 )
 
-        if changed_gpus:
-            _finish_layout_changes(
-                changed_gpus=changed_gpus,
-                layout_booked=layout_booked,
-                wants=wants,
-                ids_by_uid=ids_by_uid,
-                by_uid=by_uid,
+        layout_changes = [
+            LayoutChange(
+                gpu_uid=gpu_uid,
+                node_id=node_id,
+                old_atom_ids=sorted(device_id for device_id, gpu in old_atoms.items() if gpu == gpu_uid),
+                new_atom_ids=sorted(ids_by_uid[w.uid] for w in wants if w.parent_uid == gpu_uid),
             )
-            for gpu_uid, node_id in changed_gpus.items():
-                audit_record(
-                    actor=actor,
-                    action="device.layout-change",
-                    subject_type="node",
-                    subject_id=node_id,
-                    data={"gpu": gpu_uid, "windowSeconds": _layout_window_seconds()},
-                )
+            for gpu_uid, node_id in sorted(changed_gpus.items())
+        ]
+        for change in layout_changes:
+            audit_record(
+                actor=actor,
+                action="device.layout-change",
+                subject_type="node",
+                subject_id=change.node_id,
+                data={"gpu": change.gpu_uid, "windowSeconds": layout_window_seconds()},
+            )
 
         _upsert_resources(items=items, ratios=ratios)
 
@@ -328,6 +324,7 @@ def inventory_apply_reports(
                     [ids],
                 )
         logger.debug("applied %d reports for %s (%d devices vanished)", len(items), actor, len(gone))
+        return ReportsApplied(layout_changes=layout_changes)
 
 
 def _refuse_foreign_uids(uids: list[str]) -> None:
@@ -354,14 +351,14 @@ def _refuse_foreign_uids(uids: list[str]) -> None:
         raise Conflict(f"device {clashes[0][0]} already belongs to node {clashes[0][1]}", details)
 
 
-def _guard_layout_changes(
+def _layout_changes(
     *, wants: list[_Want], existing: list[dict[str, Any]], by_uid: dict[str, dict[str, Any]]
-) -> tuple[dict[str, str], set[int]]:
-    """Guard 2: find GPUs whose MIG or slot layout changes and book all their atoms, or refuse.
+) -> tuple[dict[str, str], dict[int, str]]:
+    """Guard 2's input: the GPUs whose MIG or slot layout changes, and their old atoms.
 
     A layout is the set of a GPU's children with their MIG profile. For a GPU that
     vanished and comes back, its old layout is the children that vanished with it.
-    Returns {gpu uid: node id} of the changed GPUs and the booking ids' devices.
+    Returns {gpu uid: node id} of the changed GPUs and {old atom id: gpu uid}.
     """
     children_of: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in existing:
@@ -390,49 +387,7 @@ def _guard_layout_changes(
         to_book[parent["id"]] = w.uid
         for c in old:
             to_book[c["id"]] = w.uid
-    if not to_book:
-        return changed, set()
-    booked = _book_layout_change(list(to_book), open_ended=True)
-    if len(booked) != len(to_book):
-        # A short count: some atom has a live or future booking. Raising rolls back
-        # the whole transaction, the layout bookings included: nothing is applied.
-        refused = sorted({gpu for device_id, gpu in to_book.items() if device_id not in booked})
-        raise Conflict(
-            f"GPU {refused[0]} has a live or future booking; its MIG/slot layout cannot change now",
-            [
-                {"field": "gpus", "message": f"{gpu}: layout change refused, atoms are booked"}
-                for gpu in refused
-            ],
-        )
-    return changed, booked
-
-
-def _finish_layout_changes(
-    *,
-    changed_gpus: dict[str, str],
-    layout_booked: set[int],
-    wants: list[_Want],
-    ids_by_uid: dict[str, int],
-    by_uid: dict[str, dict[str, Any]],
-) -> None:
-    """Cut the change bookings to the change window and book the new atoms for it too."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE device_bookings
-               SET during = tstzrange(lower(during), compute_now() + make_interval(secs => %s))
-             WHERE purpose = 'layout-change' AND device_id = ANY(%s) AND upper_inf(during)
-            """,
-            [_layout_window_seconds(), list(layout_booked)],
-        )
-    new_atoms = [
-        ids_by_uid[w.uid]
-        for w in wants
-        if w.parent_uid in changed_gpus and ids_by_uid[w.uid] not in layout_booked
-    ]
-    # New atoms are fresh rows or came back from vanished; ON CONFLICT DO NOTHING
-    # leaves any booking they already carry in place.
-    _book_layout_change(new_atoms, open_ended=False)
+    return changed, to_book
 
 
 def _upsert_resources(*, items: list[tuple[Node, NodeReport]], ratios: dict[str, dict[str, float]]) -> None:
@@ -470,19 +425,6 @@ def _upsert_resources(*, items: list[tuple[Node, NodeReport]], ratios: dict[str,
             """,
             [json.dumps(rows)],
         )
-
-
-def inventory_apply_report(*, node: Node, report: dict[str, Any], actor: str) -> list[Device]:
-    """Apply one node's report in one transaction and return the node's present devices.
-
-    The report is validated first (`InvalidInput` naming every bad field); a MIG or
-    slot layout change whose atoms are booked is refused with `Conflict`. Either
-    way nothing of it is applied.
-    """
-    parsed = report_parse(data=report)
-    with transaction.atomic():
-        inventory_apply_reports(items=[(node, parsed)], actor=actor)
-        return list(Device.objects.filter(node=node, vanished_at__isnull=True).order_by("uid"))
 
 
 # What registration (a fleet file, `node_register`) may set on a node; the

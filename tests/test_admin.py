@@ -12,9 +12,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from capacity.node_selectors import node_allocatable_gpus, node_atoms
 from capacity.rollups import rollup_rebuild
 from core.models import ApiToken, AuditEvent
-from inventory.admin_selectors import node_allocatable_gpus, node_atoms
 from inventory.models import Device, Node, Pool, Taint
 from ledger.models import PoolCapacityRollup
 from reservations.models import DeviceBooking, Reservation

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from django.db import InterfaceError, OperationalError, connection, connections
 
-from reservations.daemon import daemon_redeliver_missing
 from reservations.models import Reservation
+from reservations.services import reservations_redeliver
 from tests.torture.checks import check_rollups_match_rebuild, invariant_problems
 from tests.torture.commitlog import commitlog_check
 from tests.torture.fleet import Fleet, fleet_logged, fleet_restore, now_ms
@@ -261,7 +261,7 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
     # Delivery to the node runs after COMMIT; a worker killed between the two leaves a booking the
     # node was never sent. The reconciler's pass catches the nodes up; after it, every live
     # booking is on its node and nothing was ever refused.
-    daemon_redeliver_missing()
+    reservations_redeliver()
     problems = invariant_problems()
     problems.extend(commitlog_check().violations)
     fleet_restore(fleet)

@@ -529,18 +529,18 @@ def test_a_concurrent_mix_of_creates_and_releases_keeps_every_invariant() -> Non
 def test_guard6_a_delivery_lost_after_commit_is_caught_up_by_the_reconciler_hook(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from reservations import daemon
-    from reservations.services import lease_expire_hook
+    from reservations import services
+    from reservations.services import reservations_reconcile
 
     pool = PoolFactory()
     node = one_node(pool, 2)
-    original = daemon.daemon_deliver
-    monkeypatch.setattr(daemon, "daemon_deliver", lambda *, reservation_id: False)  # the node never heard
+    original = services.daemon_deliver
+    monkeypatch.setattr(services, "daemon_deliver", lambda *, reservation_id: None)  # the node never heard
     reservation, _ = reservation_create(request=gpu_request(pool, 2), actor="t")
     uids = list(Device.objects.filter(node=node).values_list("uid", flat=True))
     assert all(daemon_holdings(device_uid=uid) == [] for uid in uids)
-    monkeypatch.setattr(daemon, "daemon_deliver", original)
-    lease_expire_hook()
-    lease_expire_hook()  # a second pass finds nothing left to add
+    monkeypatch.setattr(services, "daemon_deliver", original)
+    reservations_reconcile()
+    reservations_reconcile()  # a second pass finds nothing left to add
     for uid in uids:
         assert [holder for holder, _, _ in daemon_holdings(device_uid=uid)] == [reservation.id]

@@ -16,7 +16,8 @@ from core.clock import compute_now
 from core.errors import Conflict, InvalidInput
 from inventory.models import Device, NodeResource
 from inventory.reports import gpu_model_from_product, report_parse
-from inventory.services import inventory_apply_report, node_register
+from inventory.services import node_register
+from reservations.layouts import node_report_apply
 from reservations.models import DeviceBooking
 from tests.factories import AllocationFactory, NodeFactory, PoolFactory
 
@@ -60,7 +61,7 @@ def book(device: Device, start: timedelta, end: timedelta) -> DeviceBooking:
 @pytest.mark.django_db
 def test_a_plain_eight_gpu_node_becomes_eight_gpu_atoms_and_the_rest() -> None:
     node = NodeFactory(connectivity="unknown")
-    devices = inventory_apply_report(
+    devices = node_report_apply(
         node=node, report=report(node.hostname, [gpu(i) for i in range(8)]), actor="t"
     )
     by_class: dict[str, list[Device]] = {}
@@ -94,11 +95,11 @@ def test_a_plain_eight_gpu_node_becomes_eight_gpu_atoms_and_the_rest() -> None:
 def test_applying_the_same_report_twice_changes_no_device() -> None:
     node = NodeFactory()
     body = report(node.hostname, [gpu(i) for i in range(2)])
-    inventory_apply_report(node=node, report=body, actor="t")
+    node_report_apply(node=node, report=body, actor="t")
     before = list(
         Device.objects.filter(node=node).order_by("uid").values("id", "uid", "updated_at", "attributes")
     )
-    inventory_apply_report(node=node, report=body, actor="t")
+    node_report_apply(node=node, report=body, actor="t")
     after = list(
         Device.objects.filter(node=node).order_by("uid").values("id", "uid", "updated_at", "attributes")
     )
@@ -109,7 +110,7 @@ def test_applying_the_same_report_twice_changes_no_device() -> None:
 def test_a_mig_node_has_unbookable_parents_and_mig_atoms() -> None:
     node = NodeFactory(pool=PoolFactory(gpu_model="A100", sharing="mig"))
     body = report(node.hostname, [gpu(0, mig=mig("3g.40gb", "3g.40gb")), gpu(1, mig=mig("7g.80gb"))])
-    inventory_apply_report(node=node, report=body, actor="t")
+    node_report_apply(node=node, report=body, actor="t")
     parent = Device.objects.get(uid=gpu(0)["uuid"])
     assert parent.device_class == "gpu" and not parent.bookable
     children = list(parent.children.order_by("uid"))
@@ -125,7 +126,7 @@ def test_a_mig_node_has_unbookable_parents_and_mig_atoms() -> None:
 @pytest.mark.django_db
 def test_a_timeslice_pool_node_has_slot_atoms_per_gpu() -> None:
     node = NodeFactory(pool=PoolFactory(gpu_model="L40S", sharing="timeslice", slots_per_gpu=4))
-    inventory_apply_report(node=node, report=report(node.hostname, [gpu(0), gpu(1)]), actor="t")
+    node_report_apply(node=node, report=report(node.hostname, [gpu(0), gpu(1)]), actor="t")
     parent = Device.objects.get(uid=gpu(0)["uuid"])
     assert not parent.bookable
     slots = list(parent.children.order_by("uid"))
@@ -138,16 +139,16 @@ def test_a_timeslice_pool_node_has_slot_atoms_per_gpu() -> None:
 @pytest.mark.django_db
 def test_a_dropped_gpu_with_a_future_booking_stays_unbookable_and_unhealthy_with_its_booking() -> None:
     node = NodeFactory()
-    inventory_apply_report(node=node, report=report(node.hostname, [gpu(0), gpu(1)]), actor="t")
+    node_report_apply(node=node, report=report(node.hostname, [gpu(0), gpu(1)]), actor="t")
     dropped = Device.objects.get(uid=gpu(1)["uuid"])
     booking = book(dropped, timedelta(hours=1), timedelta(hours=2))
-    inventory_apply_report(node=node, report=report(node.hostname, [gpu(0)]), actor="t")
+    node_report_apply(node=node, report=report(node.hostname, [gpu(0)]), actor="t")
     dropped.refresh_from_db()
     assert not dropped.bookable and not dropped.healthy and dropped.vanished_at is not None
     booking.refresh_from_db()
     assert booking.during.upper - booking.during.lower == timedelta(hours=1)
     # It comes back: restored.
-    inventory_apply_report(node=node, report=report(node.hostname, [gpu(0), gpu(1)]), actor="t")
+    node_report_apply(node=node, report=report(node.hostname, [gpu(0), gpu(1)]), actor="t")
     dropped.refresh_from_db()
     assert dropped.bookable and dropped.healthy and dropped.vanished_at is None
 
@@ -155,14 +156,14 @@ def test_a_dropped_gpu_with_a_future_booking_stays_unbookable_and_unhealthy_with
 @pytest.mark.django_db
 def test_a_mig_layout_change_is_refused_while_a_mig_atom_has_a_future_booking() -> None:
     node = NodeFactory(pool=PoolFactory(gpu_model="A100", sharing="mig"))
-    inventory_apply_report(
+    node_report_apply(
         node=node, report=report(node.hostname, [gpu(0, mig=mig("3g.40gb", "3g.40gb"))]), actor="t"
     )
     atom = Device.objects.get(uid=f"{gpu(0)['uuid']}/gi2/ci0")
     book(atom, timedelta(days=1), timedelta(days=2))
     before = list(Device.objects.order_by("uid").values_list("uid", "bookable", "attributes"))
     with pytest.raises(Conflict) as refused:
-        inventory_apply_report(
+        node_report_apply(
             node=node,
             report=report(node.hostname, [gpu(0, mig=mig("1g.10gb", "1g.10gb", "1g.10gb"))]),
             actor="t",
@@ -175,7 +176,7 @@ def test_a_mig_layout_change_is_refused_while_a_mig_atom_has_a_future_booking() 
 @pytest.mark.django_db
 def test_a_mig_layout_change_without_bookings_books_old_and_new_atoms_for_the_change_window() -> None:
     node = NodeFactory(pool=PoolFactory(gpu_model="A100", sharing="mig"))
-    inventory_apply_report(
+    node_report_apply(
         node=node, report=report(node.hostname, [gpu(0, mig=mig("3g.40gb", "3g.40gb"))]), actor="t"
     )
     uuid = gpu(0)["uuid"]
@@ -184,7 +185,7 @@ def test_a_mig_layout_change_without_bookings_books_old_and_new_atoms_for_the_ch
         {"gi": 5, "ci": 0, "profile": "1g.10gb", "memoryMiB": 9728},
         {"gi": 6, "ci": 0, "profile": "1g.10gb", "memoryMiB": 9728},
     ]
-    inventory_apply_report(
+    node_report_apply(
         node=node,
         report=report(node.hostname, [gpu(0, mig=new_layout), gpu(1, mig=mig("7g.80gb"))]),
         actor="t",
@@ -208,19 +209,17 @@ def test_a_mig_layout_change_without_bookings_books_old_and_new_atoms_for_the_ch
 @pytest.mark.django_db
 def test_enabling_mig_on_a_whole_gpu_with_a_live_booking_is_refused() -> None:
     node = NodeFactory()
-    inventory_apply_report(node=node, report=report(node.hostname, [gpu(0)]), actor="t")
+    node_report_apply(node=node, report=report(node.hostname, [gpu(0)]), actor="t")
     book(Device.objects.get(uid=gpu(0)["uuid"]), timedelta(0), timedelta(hours=1))
     with pytest.raises(Conflict):
-        inventory_apply_report(
-            node=node, report=report(node.hostname, [gpu(0, mig=mig("7g.80gb"))]), actor="t"
-        )
+        node_report_apply(node=node, report=report(node.hostname, [gpu(0, mig=mig("7g.80gb"))]), actor="t")
     assert Device.objects.get(uid=gpu(0)["uuid"]).bookable
 
 
 @pytest.mark.django_db
 def test_a_malformed_report_is_refused_whole_and_names_every_bad_field() -> None:
     node = NodeFactory()
-    inventory_apply_report(node=node, report=report(node.hostname, [gpu(0)]), actor="t")
+    node_report_apply(node=node, report=report(node.hostname, [gpu(0)]), actor="t")
     before = list(Device.objects.order_by("uid").values_list("uid", "bookable", "vanished_at"))
     bad = report(node.hostname, [gpu(0), gpu(1), gpu(2)])
     bad["gpus"][2]["memoryMiB"] = -5
@@ -229,7 +228,7 @@ def test_a_malformed_report_is_refused_whole_and_names_every_bad_field() -> None
     bad["nics"][0]["vfs"].append("0000:3b:00.2")
     del bad["disks"][0]["sizeGiB"]
     with pytest.raises(InvalidInput) as refused:
-        inventory_apply_report(node=node, report=bad, actor="t")
+        node_report_apply(node=node, report=bad, actor="t")
     fields = {d["field"] for d in refused.value.details}
     assert {
         "gpus[2].memoryMiB",
@@ -244,11 +243,11 @@ def test_a_malformed_report_is_refused_whole_and_names_every_bad_field() -> None
 @pytest.mark.django_db
 def test_lowering_allocatable_below_claims_keeps_the_claims() -> None:
     node = NodeFactory()
-    inventory_apply_report(node=node, report=report(node.hostname, []), actor="t")
+    node_report_apply(node=node, report=report(node.hostname, []), actor="t")
     NodeResource.objects.filter(node=node, resource="vcpu").update(allocated=100)
     body = report(node.hostname, [])
     body["resources"]["vcpu"] = 64
-    inventory_apply_report(node=node, report=body, actor="t")
+    node_report_apply(node=node, report=body, actor="t")
     vcpu = NodeResource.objects.get(node=node, resource="vcpu")
     assert vcpu.allocated == 100 and vcpu.allocatable == 100
 
@@ -286,7 +285,7 @@ def test_an_explicit_model_wins_over_the_product_name() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_layout_changes_of_one_gpu_serialize_and_one_is_refused() -> None:
     node = NodeFactory(pool=PoolFactory(gpu_model="A100", sharing="mig"))
-    inventory_apply_report(node=node, report=report(node.hostname, [gpu(0, mig=mig("7g.80gb"))]), actor="t")
+    node_report_apply(node=node, report=report(node.hostname, [gpu(0, mig=mig("7g.80gb"))]), actor="t")
     layouts = [mig("3g.40gb", "3g.40gb"), mig("1g.10gb", "1g.10gb", "1g.10gb")]
     start = threading.Barrier(2)
     outcomes: list[str] = []
@@ -294,7 +293,7 @@ def test_two_concurrent_layout_changes_of_one_gpu_serialize_and_one_is_refused()
     def apply(layout: list[dict[str, Any]]) -> None:
         try:
             start.wait()
-            inventory_apply_report(node=node, report=report(node.hostname, [gpu(0, mig=layout)]), actor="t")
+            node_report_apply(node=node, report=report(node.hostname, [gpu(0, mig=layout)]), actor="t")
             outcomes.append("applied")
         except Conflict:
             outcomes.append("refused")

@@ -11,11 +11,11 @@ import pytest
 from django.db import connection, connections
 from rest_framework.test import APIClient
 
+from capacity.preview_cli import preview_command
 from core.clock import compute_now, set_clock_offset
 from core.errors import IdempotencyConflict, NoCapacity
 from inventory.models import Node, NodeResource, Pool
 from reservations import services
-from reservations.cli import preview_command
 from reservations.models import Allocation, DeviceBooking, Reservation
 from reservations.request import parse_reservation_request
 from reservations.selectors import reservation_list, reservation_state
@@ -267,9 +267,10 @@ def test_an_unrenewed_lease_is_released_by_the_reconciler_hook(owned_pool: Pool)
     assert kept.state == "active"
     renewed = reservation_renew(reservation=kept, actor="t")
     assert renewed.lease_expires_at is not None and renewed.lease_expires_at > compute_now()
-    from capacity.reconciler import RECONCILE_HOOKS
+    from capacity import reconciler
 
-    assert services.lease_expire_hook in RECONCILE_HOOKS
+    # Every reconciler pass runs the reservations' time-driven work.
+    assert reconciler.reservations_reconcile is services.reservations_reconcile
 
 
 # --- Preview ------------------------------------------------------------------------------
@@ -413,7 +414,7 @@ def test_a_reservation_that_ran_to_its_end_gives_back_quota_and_scalars(owned_po
 
     assert QuotaUsage.objects.get(pool=owned_pool).used == 2
     set_clock_offset(timedelta(minutes=11), local=True)
-    services.lease_expire_hook()
+    services.reservations_reconcile()
     reservation.refresh_from_db()
     assert reservation.state == "ended"
     assert QuotaUsage.objects.get(pool=owned_pool).used == 0

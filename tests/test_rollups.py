@@ -23,7 +23,6 @@ from capacity import reconciler, rollups
 from capacity.reconciler import (
     PassResult,
     install_stop_handlers,
-    reconcile_hook_register,
     reconcile_loop,
     reconcile_once,
     reconcile_pass,
@@ -458,11 +457,11 @@ def test_a_booking_that_comes_after_the_rebuild_locked_is_counted_once(
 
 
 @pytest.fixture
-def hooks() -> Iterator[list[Callable[[], None]]]:
-    saved = list(reconciler.RECONCILE_HOOKS)
-    reconciler.RECONCILE_HOOKS.clear()
-    yield reconciler.RECONCILE_HOOKS
-    reconciler.RECONCILE_HOOKS[:] = saved
+def hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Callable[[], None]]]:
+    """Steps the reconciler runs, in order, in place of the reservations' pass."""
+    steps: list[Callable[[], None]] = []
+    monkeypatch.setattr(reconciler, "reservations_reconcile", lambda: [step() for step in list(steps)])
+    yield steps
 
 
 @pytest.mark.django_db(transaction=True)
@@ -475,7 +474,7 @@ def test_the_advisory_lock_lets_only_one_of_two_reconcilers_run(hooks: list[Call
         inside.set()
         assert finish.wait(30)
 
-    reconcile_hook_register(slow_hook)
+    hooks.append(slow_hook)
     results: dict[str, bool] = {}
     first = Worker(lambda: results.__setitem__("first", reconcile_once()))
     first.start()
@@ -515,29 +514,24 @@ def test_reconcile_once_skips_while_another_session_holds_the_lock(hooks: list[C
 
 
 @pytest.mark.django_db
-def test_hooks_run_before_the_rebuild_and_a_failing_hook_does_not_stop_it(
+def test_the_reservations_pass_runs_before_the_rebuild_and_a_failing_one_does_not_stop_it(
     hooks: list[Callable[[], None]],
 ) -> None:
     pool = PoolFactory.create()
     (device,) = gpus(NodeFactory.create(pool=pool), 1)
     calls: list[str] = []
 
-    def broken() -> None:
-        calls.append("broken")
+    def cordon_then_fail() -> None:
+        calls.append("pass")
+        Node.objects.filter(pk=device.node_id).update(cordoned=True)
         raise RuntimeError("boom")
 
-    def cordon() -> None:
-        calls.append("cordon")
-        Node.objects.filter(pk=device.node_id).update(cordoned=True)
-
-    reconcile_hook_register(broken)
-    reconcile_hook_register(cordon)
-    reconcile_hook_register(cordon)  # once only
+    hooks.append(cordon_then_fail)
 
     result = reconcile_pass()
 
     assert result.ran
-    assert calls == ["broken", "cordon"]
+    assert calls == ["pass"]
     assert (row(pool).allocatable, row(pool).maintenance) == (0, 1)
 
 
@@ -589,7 +583,7 @@ def test_the_rebuild_rollups_command_loop_exits_cleanly_on_sigterm(
     def terminate() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
-    reconcile_hook_register(terminate)
+    hooks.append(terminate)
     out = io.StringIO()
     # `--every` without a value takes the period from the settings.
     call_command("rebuild_rollups", "--every", stdout=out)
@@ -640,35 +634,14 @@ def test_capacity_command_prints_the_api_json_and_tables() -> None:
 
 
 @pytest.mark.django_db
-def test_capacity_preview_hands_over_to_the_reservations_cli_or_says_it_is_unavailable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import importlib
-    import types
+def test_capacity_preview_hands_over_to_the_preview_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    from capacity.management.commands import capacity as command
 
     calls: list[tuple[object, ...]] = []
-    fake = types.ModuleType("reservations.cli")
-    fake.preview_command = lambda *args: calls.append(args)  # type: ignore[attr-defined]
-    real_import = importlib.import_module
-
-    def fake_import(name: str, package: str | None = None) -> types.ModuleType:
-        if name == "reservations.cli":
-            return fake
-        return real_import(name, package)
-
-    monkeypatch.setattr(importlib, "import_module", fake_import)
+    monkeypatch.setattr(command, "preview_command", lambda *args: calls.append(args))
     args = ["--tenant", "acme", "--preview", "--pool", "pool_x", "--gpus", "8", "--for", "1d"]
     call_command("capacity", *args, "--selector", "vramGiB >= 80", "--json")
     assert calls and calls[0][:6] == ("acme", "pool_x", 8, "1d", "vramGiB >= 80", True)
-
-    def missing(name: str, package: str | None = None) -> types.ModuleType:
-        if name == "reservations.cli":
-            raise ModuleNotFoundError(name=name)
-        return real_import(name, package)
-
-    monkeypatch.setattr(importlib, "import_module", missing)
-    with pytest.raises(CommandError, match="preview is not available"):
-        call_command("capacity", *args)
 
 
 @pytest.mark.django_db

@@ -109,9 +109,9 @@ def main() -> None:
 
     # What the reconciler's next pass does: deliveries lost between a COMMIT and the
     # restart reach their nodes (a retried create is answered, not redelivered).
-    from reservations.daemon import daemon_redeliver_missing
+    from reservations.services import reservations_redeliver
 
-    redelivered = daemon_redeliver_missing()
+    redelivered = reservations_redeliver()
     problems = list(tally.failures)
     problems.extend(invariant_problems())
     keys = Counter(Reservation.objects.values_list("idempotency_key", flat=True))

@@ -6,13 +6,13 @@ preview. `--json` prints exactly what the API answers.
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from capacity.preview_cli import preview_command
 from capacity.selectors import capacity_summary, rollup_rows
 from inventory.access import visible_pools
 from ledger.models import ROLLUP_COUNTS
@@ -28,9 +28,8 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", required=True, help="The tenant whose view to show.")
         parser.add_argument("--pool", help="One pool's rows (or the pool to preview in).")
         parser.add_argument("--json", action="store_true", help="Print the API's JSON answer.")
-        # --preview and its arguments: the placement preview lives with the
-        # reservations code (`reservations.cli.preview_command`); this command
-        # only parses the arguments and hands them over.
+        # --preview and its arguments: `capacity.preview_cli.preview_command` builds
+        # the API's request and prints the answer; this command only parses.
         parser.add_argument("--preview", action="store_true", help="Would a request fit now, and where?")
         parser.add_argument("--gpus", type=int, help="With --preview: how many GPUs.")
         parser.add_argument(
@@ -65,15 +64,6 @@ class Command(BaseCommand):
             self._print_summary(summary)
 
     def _preview(self, tenant_id: str, pool_id: str | None, options: dict[str, Any], as_json: bool) -> None:
-        try:
-            cli = importlib.import_module("reservations.cli")
-        except ModuleNotFoundError as error:
-            if error.name not in ("reservations.cli",):
-                raise
-            raise CommandError("preview is not available") from None
-        preview_command = getattr(cli, "preview_command", None)
-        if preview_command is None:
-            raise CommandError("preview is not available")
         if not pool_id or options["gpus"] is None or not options["duration"]:
             raise CommandError("--preview needs --pool, --gpus and --for")
         preview_command(

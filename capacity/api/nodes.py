@@ -1,5 +1,8 @@
 """Node operations for platform operators, and the node agents' `inventory/report`.
 
+They live in `capacity`, the top layer, because what they change reaches every
+layer below: a report can change a GPU's layout, which books atoms (guard 2).
+
 Every view: validate → decide on the platform → find the node (NOT_FOUND) →
 call one service → answer the node or device as it is after the change.
 """
@@ -11,12 +14,7 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input, rpc_output
-from core.authentication import actor_of, principal_of
-from core.decisions import INVENTORY_REPORT, NODES_OPERATE, decide_platform
-from core.errors import InvalidInput
-from inventory import operations
-from inventory.api.serializers import (
+from capacity.api.node_serializers import (
     CordonInput,
     DeviceSerializer,
     NodeGetInput,
@@ -29,9 +27,14 @@ from inventory.api.serializers import (
     UncordonInput,
     UntaintInput,
 )
+from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input, rpc_output
+from core.authentication import actor_of, principal_of
+from core.decisions import INVENTORY_REPORT, NODES_OPERATE, decide_platform
+from core.errors import InvalidInput
+from inventory import operations
 from inventory.models import Node
 from inventory.selectors import device_detail, device_get, devices_detail, node_detail, node_get
-from inventory.services import inventory_apply_report
+from reservations.layouts import node_report_apply
 
 NODE_OPS = (
     "Platform operators only (`compute:nodes:operate`). Existing bookings are kept; new placements stop."
@@ -169,7 +172,7 @@ class InventoryViewSet(RpcViewSet):
         decide_platform(principal=principal_of(request), permission=INVENTORY_REPORT)
         node = node_get(node_id=data["node_id"])
         try:
-            devices = inventory_apply_report(node=node, report=data["report"], actor=actor_of(request))
+            devices = node_report_apply(node=node, report=data["report"], actor=actor_of(request))
         except InvalidInput as exc:
             raise _under_report(exc) from exc
         return rpc_output(ReportOutput, {"nodeId": node.pk, "devices": devices_detail(devices=devices)})
