@@ -12,7 +12,7 @@ from django.db.models import Func
 from core.authentication import TOKEN_PREFIX, token_digest
 from core.clock import compute_now
 from core.errors import InvalidInput
-from core.models import ApiToken, AuditEvent, Principal, Role, RoleBinding
+from core.models import ApiToken, AuditEvent, Principal, Role, RoleBinding, Tenant
 
 # Roles that act on the platform's machines or on every tenant: bound to the
 # platform, never to one tenant (a tenant-bound operator would be a surprise).
@@ -44,8 +44,6 @@ def token_issue(
     Only the digest is stored. Operator and node-agent tokens are bound to the
     platform (`tenant_id=None`); viewer and member tokens to one tenant.
     """
-    from core.models import Tenant
-
     if role not in Role.values:
         raise InvalidInput.field("role", f"must be one of {', '.join(Role.values)}")
     if role in PLATFORM_ROLES and tenant_id is not None:
@@ -115,4 +113,14 @@ def audit_record(
         subject_id=str(subject_id),
         reason=reason,
         data=data or {},
+    )
+
+
+def tenants_upsert(*, names: dict[str, str]) -> None:
+    """Create the tenants `{id: name}` or update their names, in one statement."""
+    Tenant.objects.bulk_create(
+        [Tenant(id=tenant_id, name=name) for tenant_id, name in names.items()],
+        update_conflicts=True,
+        unique_fields=["id"],
+        update_fields=["name"],
     )

@@ -10,19 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Func
 
-from core.models import Tenant
+from core.services import tenants_upsert
 from fleets.spec import BATCH_NODES, NodeSpec, PoolSpec, Progress, fleet_parse
-from inventory.models import (
-    Connectivity,
-    Node,
-    Offering,
-    Pool,
-    Taint,
-    TaintEffect,
-)
-from inventory.services import NODE_REGISTRATION_FIELDS
+from inventory.registration import NodeDeclaration, nodes_register, offering_ensure, pool_register
 from ledger.quota import quota_limit_set
 from reservations.layouts import node_reports_apply
 
@@ -40,12 +31,7 @@ def fleet_load(
     """
     spec = fleet_parse(data=data)
     with transaction.atomic():
-        Tenant.objects.bulk_create(
-            [Tenant(id=tid, name=name) for tid, name in spec.tenants.items()],
-            update_conflicts=True,
-            unique_fields=["id"],
-            update_fields=["name"],
-        )
+        tenants_upsert(names=spec.tenants)
         pool_ids = _load_pools(spec.pools)
         node_ids = _load_nodes(spec.nodes, pool_ids, actor=actor, progress=progress)
     return {"pools": pool_ids, "nodes": node_ids}
@@ -54,32 +40,21 @@ def fleet_load(
 def _load_pools(pools: list[PoolSpec]) -> dict[str, str]:
     pool_ids: dict[str, str] = {}
     for spec in pools:
-        pool, _ = Pool.objects.get_or_create(
+        pool = pool_register(
             owner_id=spec.owner,
             name=spec.name,
-            defaults={"sharing": spec.sharing, "slots_per_gpu": spec.slots_per_gpu},
-        )
-        Pool.objects.filter(pk=pool.pk).update(
-            gpu_model=spec.gpu_model,
             sharing=spec.sharing,
             slots_per_gpu=spec.slots_per_gpu,
+            gpu_model=spec.gpu_model,
             notice_seconds=spec.notice_seconds,
+            archived=spec.archived,
         )
-        # Archive keeps the first archive time, so a reload does not move it.
-        if spec.archived:
-            Pool.objects.filter(pk=pool.pk, archived_at__isnull=True).update(archived_at=_now())
-        else:
-            Pool.objects.filter(pk=pool.pk).update(archived_at=None)
         pool_ids[spec.key] = pool.pk
         for tenant, quota in spec.offers.items():
-            Offering.objects.get_or_create(pool_id=pool.pk, tenant_id=tenant)
+            offering_ensure(pool_id=pool.pk, tenant_id=tenant)
             for resource, limit in quota.items():
                 quota_limit_set(pool_id=pool.pk, tenant_id=tenant, resource=resource, limit=limit)
     return pool_ids
-
-
-def _now() -> Func:
-    return Func(function="compute_now")
 
 
 def _load_nodes(
@@ -89,36 +64,18 @@ def _load_nodes(
     done = 0
     for start in range(0, len(nodes), BATCH_NODES):
         batch = nodes[start : start + BATCH_NODES]
-        rows = [
-            Node(
-                hostname=spec.hostname,
-                pool_id=pool_ids[spec.pool],
-                noschedule_taints=sum(1 for t in spec.taints if t["effect"] == TaintEffect.NO_SCHEDULE),
-                cordon_reason="fleet file" if spec.fields["cordoned"] else "",
-                cordoned_by="fleet-loader" if spec.fields["cordoned"] else "",
-                maintenance_reason="fleet file" if spec.fields["maintenance"] else "",
-                **spec.fields,
-            )
-            for spec in batch
-        ]
-        Node.objects.bulk_create(
-            rows,
-            update_conflicts=True,
-            unique_fields=["hostname"],
-            update_fields=["pool", *NODE_REGISTRATION_FIELDS, "noschedule_taints", "updated_at"],
+        by_host = nodes_register(
+            nodes=[
+                NodeDeclaration(
+                    hostname=spec.hostname,
+                    pool_id=pool_ids[spec.pool],
+                    fields=spec.fields,
+                    taints=spec.taints,
+                )
+                for spec in batch
+            ],
+            actor=actor,
         )
-        by_host = {n.hostname: n for n in Node.objects.filter(hostname__in=[s.hostname for s in batch])}
-        hosts = list(by_host)
-        Node.objects.filter(hostname__in=hosts, cordoned=True, cordoned_at__isnull=True).update(
-            cordoned_at=_now()
-        )
-        Node.objects.filter(hostname__in=hosts, cordoned=False, cordoned_at__isnull=False).update(
-            cordoned_at=None
-        )
-        Node.objects.filter(hostname__in=hosts, connectivity=Connectivity.CONNECTED).update(
-            last_heartbeat_at=_now()
-        )
-        _load_taints(batch, by_host)
         node_reports_apply(
             items=[(by_host[s.hostname], s.report) for s in batch if s.report is not None],
             actor=actor,
@@ -131,35 +88,3 @@ def _load_nodes(
         if progress is not None:
             progress(done, len(nodes))
     return node_ids
-
-
-def _load_taints(batch: list[NodeSpec], by_host: dict[str, Node]) -> None:
-    """The file's taints become the node's taints: upserted by (node, key), others removed."""
-    node_pks = [by_host[s.hostname].pk for s in batch]
-    wanted = {(by_host[s.hostname].pk, t["key"]) for s in batch for t in s.taints}
-    stale = [
-        pk
-        for pk, node_id, key in Taint.objects.filter(node_id__in=node_pks).values_list("pk", "node_id", "key")
-        if (node_id, key) not in wanted
-    ]
-    if stale:
-        Taint.objects.filter(pk__in=stale).delete()
-    rows = [
-        Taint(
-            node_id=by_host[s.hostname].pk,
-            key=t["key"],
-            value=t["value"],
-            effect=t["effect"],
-            reason=t["reason"],
-            created_by="fleet-loader",
-        )
-        for s in batch
-        for t in s.taints
-    ]
-    if rows:
-        Taint.objects.bulk_create(
-            rows,
-            update_conflicts=True,
-            unique_fields=["node", "key"],
-            update_fields=["value", "effect", "reason"],
-        )

@@ -18,7 +18,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Func
 
 from core.errors import Conflict, InvalidInput, NotFound
 from core.services import audit_record
@@ -425,52 +424,3 @@ def _upsert_resources(*, items: list[tuple[Node, NodeReport]], ratios: dict[str,
             """,
             [json.dumps(rows)],
         )
-
-
-# What registration (a fleet file, `node_register`) may set on a node; the
-# rest is written by node reports and the operator services.
-NODE_REGISTRATION_FIELDS = (
-    "role",
-    "trust",
-    "owner",
-    "provision_state",
-    "connectivity",
-    "maintenance",
-    "maintenance_reason",
-    "cordoned",
-    "cordon_reason",
-    "cordoned_by",
-    "converged_specs",
-    "labels",
-)
-NODE_FIELDS = {*NODE_REGISTRATION_FIELDS, "owner_id"}
-
-
-def node_register(*, hostname: str, pool: Pool, **fields: Any) -> Node:
-    """Create the node or update its registration fields (the loader's and an operator's entry point).
-
-    Only the fields named in `NODE_FIELDS` may be given; cordon time is stamped with
-    `compute_now()` when a node becomes cordoned here.
-    """
-    unknown = set(fields) - NODE_FIELDS
-    if unknown:
-        raise InvalidInput.field(sorted(unknown)[0], "not a node registration field")
-    with transaction.atomic():
-        node, created = Node.objects.select_for_update().get_or_create(
-            hostname=hostname, defaults={"pool": pool, **fields}
-        )
-        if not created:
-            for key, value in fields.items():
-                setattr(node, key, value)
-            node.pool = pool
-            node.save(
-                update_fields=sorted(
-                    {"owner" if k == "owner_id" else k for k in fields} | {"pool", "updated_at"}
-                )
-            )
-        if node.cordoned and node.cordoned_at is None:
-            Node.objects.filter(pk=node.pk).update(cordoned_at=Func(function="compute_now"))
-        elif not node.cordoned and node.cordoned_at is not None:
-            Node.objects.filter(pk=node.pk).update(cordoned_at=None)
-        node.refresh_from_db()
-        return node

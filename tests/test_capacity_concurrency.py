@@ -271,7 +271,7 @@ def test_a_create_delivered_before_the_release_news_reaches_the_node_is_accepted
     """The race the HTTP run found: release commits, a create books the atom and delivers first."""
     from inventory.models import Node
     from inventory.operations import node_cordon
-    from reservations import daemon
+    from reservations import services
     from reservations.models import Reservation
     from reservations.services import reservation_release
 
@@ -280,7 +280,7 @@ def test_a_create_delivered_before_the_release_news_reaches_the_node_is_accepted
         node_cordon(node=node, reason="test", actor="test")
     first = _one_gpu_reservation(fleet, "first")
     late: list[str] = []
-    monkeypatch.setattr(daemon, "daemon_shorten", lambda *, reservation_id: late.append(reservation_id))
+    monkeypatch.setattr(services, "daemon_shorten", lambda *, reservation_id: late.append(reservation_id))
     reservation_release(reservation=first, actor="test")
     monkeypatch.undo()
     assert late == [first.pk]  # the node has not heard of the release yet

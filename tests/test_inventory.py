@@ -15,8 +15,8 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from core.clock import compute_now
 from core.errors import Conflict, InvalidInput
 from inventory.models import Device, NodeResource
+from inventory.registration import node_register
 from inventory.reports import gpu_model_from_product, report_parse
-from inventory.services import node_register
 from reservations.layouts import node_report_apply
 from reservations.models import DeviceBooking
 from tests.factories import AllocationFactory, NodeFactory, PoolFactory

@@ -1,4 +1,4 @@
-
+# The tenants' model moves to `core`; its table and rows stay as they are.
 import django.db.models.deletion
 from django.db import migrations, models
 
@@ -8,9 +8,13 @@ class Migration(migrations.Migration):
     dependencies = [
         ('core', '0002_tenant_moves_to_core'),
         ('inventory', '0002_node_operate_permission'),
+        # Every other reference to inventory.Tenant is moved before the model goes.
+        ('capacity', '0002_counters_move_to_ledger'),
+        ('reservations', '0004_tenant_in_core'),
     ]
 
-    # The foreign keys already point at `inventory_tenant`; only the model they name changes.
+    # The foreign keys already point at `inventory_tenant`; only the model they name
+    # changes, and the model goes from this app's state (the table is `core.Tenant`'s now).
     operations = [
         migrations.SeparateDatabaseAndState(
             state_operations=[
@@ -33,6 +37,9 @@ class Migration(migrations.Migration):
                     model_name='pool',
                     name='owner',
                     field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='owned_pools', to='core.tenant'),
+                ),
+                migrations.DeleteModel(
+                    name='Tenant',
                 ),
             ],
             database_operations=[],

@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
         ('contenttypes', '0002_remove_content_type_name'),
         ('capacity', '0001_initial'),
         ('core', '0002_tenant_moves_to_core'),
-        ('inventory', '0003_tenant_moves_to_core'),
+        ('inventory', '0002_node_operate_permission'),
     ]
 
     # `pool_capacity_rollup` and `quota_usage` were created by `capacity.0001_initial`; the ledger takes them over as they are.
