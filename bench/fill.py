@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import psycopg
 
+from inventory.choices import GPU_ATOM_CLASSES
+
 PAST_DAYS = 30
 FUTURE_DAYS = 7
 GROUP_SIZE = 4
-GPU_CLASSES = ("gpu", "gpu.mig", "gpu.slot")
+GPU_CLASSES = GPU_ATOM_CLASSES
 
 _GROUPS_SQL = """
 CREATE TEMP TABLE bench_groups AS

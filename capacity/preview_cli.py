@@ -8,6 +8,7 @@ from typing import Any, TextIO
 from django.core.management.base import CommandError
 
 from core.errors import DomainError
+from inventory.choices import SLOT_SHARING
 from inventory.models import Pool
 from reservations.request import parse_reservation_request
 from reservations.selectors import capacity_preview
@@ -44,7 +45,7 @@ def preview_command(
         if pool.sharing == "mig":
             body["devices"][0]["class"] = "gpu.mig"
             request = parse_reservation_request(body)
-        elif pool.sharing in ("timeslice", "mps"):
+        elif pool.sharing in SLOT_SHARING:
             body["devices"][0]["class"] = "gpu.slot"
             request = parse_reservation_request(body)
         answer = capacity_preview(request=request, pool=pool)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 
 class DomainError(Exception):
@@ -22,6 +22,20 @@ class InvalidInput(DomainError):
     @classmethod
     def field(cls, field: str, message: str) -> InvalidInput:
         return cls(f"{field}: {message}", [{"field": field, "message": message}])
+
+    @classmethod
+    def from_details(cls, details: list[dict[str, Any]], *, more: bool = False, **kwargs: Any) -> Self:
+        """The error for every bad field in `details`, its message the first one's `field: message`.
+
+        As the contract's example: `devices[0].count: must be between 1 and 64`.
+        `more` appends ` (and N more)` when there are several; `kwargs` go to
+        the constructor of a subclass that takes more (`SelectorSyntaxError`).
+        """
+        first = details[0] if details else {"field": "body", "message": "invalid"}
+        message = f"{first['field']}: {first['message']}" if first.get("field") else str(first["message"])
+        if more and len(details) > 1:
+            message += f" (and {len(details) - 1} more)"
+        return cls(message, details, **kwargs)
 
 
 class Unauthenticated(DomainError):

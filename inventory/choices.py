@@ -77,6 +77,16 @@ SCALAR_RESOURCES: tuple[str, ...] = tuple(ScalarResource.values)
 # What a rollup row or a quota can count: atoms by class and scalars by name.
 ALL_RESOURCES: tuple[str, ...] = tuple(sorted(ATOM_CLASSES + SCALAR_RESOURCES))
 
-# The pool sharing mode each slotted atom class needs (MIG atoms exist whatever
-# the pool's mode: the hardware decides).
-SLOT_SHARING: frozenset[str] = frozenset({Sharing.TIMESLICE.value, Sharing.MPS.value})
+# The pool sharing modes that cut a GPU into slots (`gpu.slot` atoms).
+SLOT_SHARING: tuple[str, ...] = (Sharing.TIMESLICE.value, Sharing.MPS.value)
+
+# The sharing modes an atom of each class can be booked under (model.md, "Placement"):
+# one rule for the request's validation, the placer's filters and the CLI.
+CLASS_SHARING: dict[str, tuple[str, ...]] = {
+    DeviceClass.GPU.value: (Sharing.EXCLUSIVE.value,),
+    DeviceClass.GPU_MIG.value: (Sharing.MIG.value,),
+    DeviceClass.GPU_SLOT.value: SLOT_SHARING,
+    DeviceClass.NIC_VF.value: (Sharing.EXCLUSIVE.value,),
+    DeviceClass.DISK.value: (Sharing.EXCLUSIVE.value,),
+    DeviceClass.NODE.value: (Sharing.EXCLUSIVE.value,),
+}

@@ -13,6 +13,7 @@ from django.db.models import F, Q
 from core import ids
 from core.models import Tenant
 from inventory.choices import (
+    SLOT_SHARING,
     Connectivity,
     DeviceClass,
     ProvisionState,
@@ -56,8 +57,8 @@ class Pool(models.Model):
             models.CheckConstraint(
                 name="pool_slots_match_sharing",
                 condition=(
-                    Q(sharing__in=["timeslice", "mps"], slots_per_gpu__gte=1)
-                    | (~Q(sharing__in=["timeslice", "mps"]) & Q(slots_per_gpu__isnull=True))
+                    Q(sharing__in=list(SLOT_SHARING), slots_per_gpu__gte=1)
+                    | (~Q(sharing__in=list(SLOT_SHARING)) & Q(slots_per_gpu__isnull=True))
                 ),
             ),
         ]

@@ -16,6 +16,24 @@ from django.db.models import Func
 from core.errors import InvalidInput
 from inventory.models import Connectivity, Node, Offering, Pool, Taint, TaintEffect
 
+# What registration (a fleet file, `node_register`) may set on a node; the
+# rest is written by node reports and the operator services.
+NODE_REGISTRATION_FIELDS = (
+    "role",
+    "trust",
+    "owner",
+    "provision_state",
+    "connectivity",
+    "maintenance",
+    "maintenance_reason",
+    "cordoned",
+    "cordon_reason",
+    "cordoned_by",
+    "converged_specs",
+    "labels",
+)
+NODE_FIELDS = {*NODE_REGISTRATION_FIELDS, "owner_id"}
+
 
 def _compute_now() -> Func:
     return Func(function="compute_now")
@@ -132,25 +150,6 @@ def _taints_replace(nodes: list[NodeDeclaration], by_host: dict[str, Node], *, a
             unique_fields=["node", "key"],
             update_fields=["value", "effect", "reason"],
         )
-
-
-# What registration (a fleet file, `node_register`) may set on a node; the
-# rest is written by node reports and the operator services.
-NODE_REGISTRATION_FIELDS = (
-    "role",
-    "trust",
-    "owner",
-    "provision_state",
-    "connectivity",
-    "maintenance",
-    "maintenance_reason",
-    "cordoned",
-    "cordon_reason",
-    "cordoned_by",
-    "converged_specs",
-    "labels",
-)
-NODE_FIELDS = {*NODE_REGISTRATION_FIELDS, "owner_id"}
 
 
 def node_register(*, hostname: str, pool: Pool, **fields: Any) -> Node:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidInput
+from inventory.choices import SCALAR_RESOURCES
 
 # Bounds are generous but finite: a number outside them is a broken agent, not real hardware.
 MAX_SCALAR = 1 << 40
@@ -22,7 +23,7 @@ MAX_LINK_GBPS = 10_000
 MAX_DISK_GIB = 1 << 30
 MAX_MIG_GI = 63
 MAX_MIG_CI = 63
-SCALARS = ("vcpu", "memoryGiB", "diskGiB", "hugepages1Gi")
+SCALARS = SCALAR_RESOURCES
 
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 # A GPU uuid or a device id becomes part of a uid (`<uuid>/gi1/ci0`), so no slash or blank.

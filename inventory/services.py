@@ -21,7 +21,8 @@ from django.db import connection, transaction
 
 from core.errors import Conflict, InvalidInput, NotFound
 from core.services import audit_record
-from inventory.models import DeviceClass, Node, Pool, Sharing
+from inventory.choices import SLOT_SHARING
+from inventory.models import DeviceClass, Node, Pool
 from inventory.reports import SCALARS, GpuReport, NodeReport
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def _gpu_attributes(gpu: GpuReport) -> dict[str, Any]:
 def _desired_devices(*, node: Node, pool: Pool, report: NodeReport) -> list[_Want]:
     """Every device the report implies, parents before children (the upsert relies on it)."""
     wants = [_Want(node.id, node.id, DeviceClass.NODE, None, {}, True)]
-    slotted = pool.sharing in (Sharing.TIMESLICE, Sharing.MPS) and (pool.slots_per_gpu or 0) > 0
+    slotted = pool.sharing in SLOT_SHARING and (pool.slots_per_gpu or 0) > 0
     for gpu in report.gpus:
         attrs = _gpu_attributes(gpu)
         if gpu.mig_enabled:

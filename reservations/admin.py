@@ -10,12 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from core.admin import ReadOnlyAdmin, ReasonForm, admin_actor, plural, reason_action
-from core.services import audit_record
 from reservations.models import Allocation, DeviceBooking, Reservation, ReservationState
 
 LIVE_STATES = (ReservationState.SCHEDULED, ReservationState.ACTIVE)
@@ -67,18 +65,8 @@ class ReservationAdmin(ReadOnlyAdmin):
         def apply(reservation: Reservation, data: dict[str, Any]) -> bool:
             if reservation.state not in LIVE_STATES:
                 return False
-            # The release service writes no audit event itself; record the operator's
-            # release in the same transaction so the trail cannot miss one.
-            with transaction.atomic():
-                reservation_release(reservation=reservation, actor=actor, reason=data["reason"])
-                audit_record(
-                    actor=actor,
-                    action="reservation.release",
-                    subject_type="reservation",
-                    subject_id=reservation.pk,
-                    reason=data["reason"],
-                    data={"tenantId": reservation.tenant_id, "poolId": reservation.pool_id},
-                )
+            # The service records the release in the audit trail itself.
+            reservation_release(reservation=reservation, actor=actor, reason=data["reason"])
             return True
 
         return reason_action(

@@ -19,8 +19,8 @@ Rules beyond the seeds' field table, decided here:
 * A `start` more than 5 minutes before `compute_now()` is refused; a start up
   to 5 minutes in the past, or at now, is "now" (`start_ms` None), so a client
   whose clock runs a little behind is not punished.
-* The pool's sharing mode is not known from the body: services and the placer
-  call `check_request_against_pool` once they hold the pool.
+* The pool's sharing mode is not known from the body: `reservations.validation`
+  calls `check_request_against_pool` once it holds the pool, for both methods.
 """
 
 from __future__ import annotations
@@ -268,8 +268,7 @@ def _invalid(detail: Any) -> InvalidInput:
     for item in _flatten(detail):
         if all(seen["field"] != item["field"] for seen in details):
             details.append(item)
-    first = details[0] if details else {"field": "body", "message": "invalid"}
-    return InvalidInput(f"{first['field']}: {first['message']}", details)
+    return InvalidInput.from_details(details)
 
 
 def parse_reservation_request(data: dict[str, Any], *, now_ms: int | None = None) -> ReservationRequest:
@@ -358,8 +357,7 @@ def check_request_against_pool(request: ReservationRequest, pool: Pool) -> None:
         field = f"devices[{index}].{'sharing' if explicit else 'class'}"
         details.append({"field": field, "message": message})
     if details:
-        first = details[0]
-        raise InvalidInput(f"{first['field']}: {first['message']}", details)
+        raise InvalidInput.from_details(details)
 
 
 def canonical_request(request: ReservationRequest) -> dict[str, Any]:

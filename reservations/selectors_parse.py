@@ -150,8 +150,7 @@ def normalize_selector(obj: Any, *, field: str) -> Selector:
         details = [
             {"field": f"{field}.{name}" if name else field, "message": msg} for name, msg in errors.items()
         ]
-        first = details[0]
-        raise InvalidInput(f"{first['field']}: {first['message']}", details)
+        raise InvalidInput.from_details(details)
     return selector
 
 
@@ -278,7 +277,7 @@ def parse_cli_selector(text: str) -> Selector:
             selector[name] = entry
     if problems:
         details = [{"field": "selector", "message": f"clause {c!r}: {m}"} for c, m in problems]
-        raise SelectorSyntaxError(f"selector: {details[0]['message']}", details, clause=problems[0][0])
+        raise SelectorSyntaxError.from_details(details, clause=problems[0][0])
     return selector
 
 

@@ -24,13 +24,15 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from core.clock import compute_now
 from core.constants import DEADLOCK_DETECTED
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
-from inventory.models import Pool, Project
+from core.services import audit_record
+from inventory.models import Pool
 from reservations.daemon import daemon_behind, daemon_deliver, daemon_shorten
 from reservations.models import Reservation
 from reservations.placer.commit import placement_charge, placement_commit, reservation_cut
 from reservations.placer.plan import placement_window
 from reservations.request import canonical_request_digest
 from reservations.request_types import ReservationRequest
+from reservations.validation import reservation_request_check
 
 logger = logging.getLogger(__name__)
 
@@ -57,21 +59,6 @@ def _existing(request: ReservationRequest) -> Reservation | None:
     return Reservation.objects.filter(
         tenant_id=request.tenant_id, idempotency_key=request.idempotency_key
     ).first()
-
-
-def _pool_for(request: ReservationRequest, pool: Pool | None = None) -> Pool:
-    from inventory.access import visible_pools
-
-    if pool is None or pool.pk != request.pool_id:
-        pool = visible_pools(tenant_id=request.tenant_id).filter(pk=request.pool_id).first()
-    if pool is None:
-        raise NotFound("pool not found")
-    if (
-        request.project_id
-        and not Project.objects.filter(pk=request.project_id, tenant_id=request.tenant_id).exists()
-    ):
-        raise NotFound("project not found")
-    return pool
 
 
 _INSERT_RESERVATION_SQL = """
@@ -105,11 +92,8 @@ def _insert_params(reservation: Reservation) -> dict[str, Any]:
     }
 
 
-def _create_once(
-    *, request: ReservationRequest, digest: str, actor: str, pool: Pool | None = None
-) -> tuple[Reservation, bool]:
+def _create_once(*, request: ReservationRequest, digest: str, actor: str, pool: Pool) -> tuple[Reservation, bool]:
     with transaction.atomic():
-        pool = _pool_for(request, pool)
         window = placement_window(request=request)
         reservation = Reservation(
             tenant_id=request.tenant_id,
@@ -208,9 +192,18 @@ def reservation_create(
     """Place and book the request; return the reservation and whether it was created now.
 
     Idempotent per (tenant, idempotencyKey): the same request returns the same
-    reservation, a different one raises `IdempotencyConflict`. `pool` is the
-    pool the caller's decision already found visible (saves reading it again).
+    reservation, a different one raises `IdempotencyConflict`.
+
+    `pool` is the pool of a `reservations.validation.ResolvedRequest` (the
+    API's view): the request was checked against it, pool, project and sharing
+    mode, and is not checked again here. Without it (the CLI, scripts, tests)
+    the request goes through `reservation_request_check`, the same checks
+    without a principal.
     """
+    if pool is None:
+        pool = reservation_request_check(request).pool
+    elif pool.pk != request.pool_id:
+        raise ValueError(f"the resolved pool {pool.pk} is not the request's pool {request.pool_id}")
     digest = request_digest(request)
     existing = _existing(request)
     if existing is not None:
@@ -284,6 +277,16 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
         locked.released_at = now
         locked.release_reason = reason or f"released by {actor}"
         locked.save(update_fields=["state", "released_at", "release_reason"])
+        # Whoever released it (a tenant through the API, an operator in the admin, the
+        # lease reconciler, a node's refusal), the trail records it with the release.
+        audit_record(
+            actor=actor,
+            action="reservation.release",
+            subject_type="reservation",
+            subject_id=locked.pk,
+            reason=locked.release_reason,
+            data={"tenantId": locked.tenant_id, "poolId": locked.pool_id},
+        )
         with connection.cursor() as cursor:
             # Delivered when this transaction commits, to creates waiting on this pool.
             cursor.execute("SELECT pg_notify(%s, %s)", [RELEASE_CHANNEL, locked.pool_id])

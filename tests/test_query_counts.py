@@ -34,9 +34,10 @@ AUTH = 1
 # and one statement each for quota and rollups.
 CREATE_MAX = 18
 # release: auth, the locked row with its state and clock, the cut (allocations,
-# counts, delete, shorten, scalars, quota, rollups), the row update, the
-# notification, the savepoint and its release, then the allocations with their atoms.
-RELEASE_MAX = 15
+# counts, delete, shorten, scalars, quota, rollups), the row update, its audit
+# event, the notification, the savepoint and its release, then the allocations
+# with their atoms.
+RELEASE_MAX = 16
 # summary and byPool: auth, the pools, the rollup rows.
 READ_MAX = 3
 

@@ -29,16 +29,10 @@ from datetime import datetime
 from typing import Any
 
 from inventory.attributes import NODE_LABEL_PREFIX, attribute_type
+from inventory.choices import CLASS_SHARING, GPU_ATOM_CLASSES
 from inventory.schedulability import schedulable_sql
 from reservations.placer.sql import Params
 from reservations.request_types import DeviceRequest, ReservationRequest, Selector
-
-# The sharing mode each atom class belongs to (model.md, "Placement").
-CLASS_SHARING: dict[str, tuple[str, ...]] = {
-    "gpu": ("exclusive",),
-    "gpu.mig": ("mig",),
-    "gpu.slot": ("timeslice", "mps"),
-}
 
 _COMPARE = {"eq": "=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 
@@ -60,9 +54,10 @@ def sharing_mismatch(*, request: ReservationRequest, pool_sharing: str) -> str |
     an explicit `sharing` on an item must agree with both.
     """
     for index, item in enumerate(request.devices):
-        modes = CLASS_SHARING.get(item.device_class)
-        if modes is None:
-            if item.sharing not in (None, "exclusive"):
+        modes = CLASS_SHARING[item.device_class]
+        if item.device_class not in GPU_ATOM_CLASSES:
+            # NIC VFs, disks and whole nodes exist in every pool and are never shared.
+            if item.sharing not in (None, *modes):
                 return f"devices[{index}]: {item.device_class} atoms are not shared"
             continue
         if item.sharing is not None and item.sharing not in modes:
