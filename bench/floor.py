@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 
+from bench.load import CreateRate, clients_run
 from inventory.schedulability import schedulable_sql
 
 _ids = itertools.count(1)
@@ -184,24 +185,11 @@ def _release(cur: psycopg.Cursor[Any], rsv: str, atom: Atom, rollup: str = "row"
 
 
 @dataclass
-class FloorResult:
-    clients: int
-    seconds: float
-    creates: int
-    lost: int
-
-    @property
-    def per_second(self) -> float:
-        return self.creates / self.seconds if self.seconds else 0.0
+class FloorResult(CreateRate):
+    lost: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "clients": self.clients,
-            "seconds": round(self.seconds, 2),
-            "creates": self.creates,
-            "creates_per_s": round(self.per_second, 1),
-            "lost": self.lost,
-        }
+        return {**super().as_dict(), "lost": self.lost}
 
 
 def floor_run(
@@ -240,10 +228,5 @@ def floor_run(
             creates += done
             lost += missed
 
-    started = time.monotonic()
-    threads = [threading.Thread(target=work, args=(i, mine)) for i, mine in enumerate(atoms)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return FloorResult(clients=len(atoms), seconds=time.monotonic() - started, creates=creates, lost=lost)
+    seconds = clients_run(work, atoms)
+    return FloorResult(clients=len(atoms), seconds=seconds, creates=creates, lost=lost)

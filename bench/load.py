@@ -16,7 +16,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class Client:
@@ -98,17 +100,24 @@ def latency_measure(
     return Latency(samples_ms=samples, statuses=dict(statuses))
 
 
+def clients_run(work: Callable[[int, T], None], each: list[T]) -> float:
+    """`work(index, item)` for every item, each in its own thread, all at once; the seconds they took."""
+    started = time.monotonic()
+    threads = [threading.Thread(target=work, args=(i, item)) for i, item in enumerate(each)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started
+
+
 @dataclass
-class Throughput:
-    """What N clients did in `seconds`: completed create + release pairs, and the refusals."""
+class CreateRate:
+    """What N clients created in `seconds`: the rate the report sets the API's against the floor's."""
 
     clients: int
     seconds: float
     creates: int = 0
-    releases: int = 0
-    no_capacity: int = 0
-    other_errors: Counter[str] = field(default_factory=Counter)
-    create_ms: list[float] = field(default_factory=list)
 
     @property
     def per_second(self) -> float:
@@ -119,8 +128,23 @@ class Throughput:
             "clients": self.clients,
             "seconds": round(self.seconds, 2),
             "creates": self.creates,
-            "releases": self.releases,
             "creates_per_s": round(self.per_second, 1),
+        }
+
+
+@dataclass
+class Throughput(CreateRate):
+    """What N clients did in `seconds`: completed create + release pairs, and the refusals."""
+
+    releases: int = 0
+    no_capacity: int = 0
+    other_errors: Counter[str] = field(default_factory=Counter)
+    create_ms: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **super().as_dict(),
+            "releases": self.releases,
             "no_capacity": self.no_capacity,
             "other_errors": dict(self.other_errors),
             "create_p50_ms": round(statistics.median(self.create_ms), 2) if self.create_ms else None,
@@ -182,11 +206,5 @@ def create_release_run(
             result.other_errors.update(local.other_errors)
             result.create_ms.extend(local.create_ms)
 
-    started = time.monotonic()
-    threads = [threading.Thread(target=work, args=(i, c)) for i, c in enumerate(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    result.seconds = time.monotonic() - started
+    result.seconds = clients_run(work, clients)
     return result

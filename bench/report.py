@@ -33,46 +33,63 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def _chart_reads(results: dict[str, Any], path: Path) -> None:
-    sizes = list(results["sizes"])
-    names = ["summary", "byPool", "timeline"]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    width = 0.8 / len(sizes)
-    for k, size in enumerate(sizes):
-        reads = results["sizes"][size]["reads"]
-        xs = [i + k * width for i in range(len(names))]
-        ax.bar(xs, [reads[n]["p50_ms"] for n in names], width, label=f"{int(size):,} nodes p50")
-        ax.scatter(xs, [reads[n]["p99_ms"] for n in names], marker="_", s=300, color="black", zorder=3)
-    ax.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(names))], names)
-    ax.set_ylabel("ms (bar p50, dash p99)")
-    ax.set_title("Capacity reads over HTTP")
-    ax.axhline(READ_P50_MS, color="grey", linestyle=":", linewidth=1)
-    ax.legend(fontsize=8)
+def _save(fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _chart_latencies(
+    path: Path,
+    by_size: dict[str, dict[str, Any]],
+    names: list[str],
+    *,
+    title: str,
+    target_ms: float,
+    figsize: tuple[float, float],
+    dash: int,
+    **ticks: Any,
+) -> None:
+    """Grouped bars: per name, one bar (p50) and one dash (p99) per fleet size; the target dotted."""
+    fig, ax = plt.subplots(figsize=figsize)
+    width = 0.8 / len(by_size)
+    for k, (size, latencies) in enumerate(by_size.items()):
+        xs = [i + k * width for i in range(len(names))]
+        ax.bar(xs, [latencies[n]["p50_ms"] for n in names], width, label=f"{int(size):,} nodes p50")
+        ax.scatter(xs, [latencies[n]["p99_ms"] for n in names], marker="_", s=dash, color="black", zorder=3)
+    ax.set_xticks([i + width * (len(by_size) - 1) / 2 for i in range(len(names))], names, **ticks)
+    ax.set_ylabel("ms (bar p50, dash p99)")
+    ax.set_title(title)
+    ax.axhline(target_ms, color="grey", linestyle=":", linewidth=1)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _chart_reads(results: dict[str, Any], path: Path) -> None:
+    _chart_latencies(
+        path,
+        {size: run["reads"] for size, run in results["sizes"].items()},
+        ["summary", "byPool", "timeline"],
+        title="Capacity reads over HTTP",
+        target_ms=READ_P50_MS,
+        figsize=(7, 3.6),
+        dash=300,
+    )
 
 
 def _chart_preview(results: dict[str, Any], path: Path) -> None:
-    sizes = list(results["sizes"])
-    shapes = list(results["sizes"][sizes[0]]["reads"]["preview"])
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    width = 0.8 / len(sizes)
-    for k, size in enumerate(sizes):
-        preview = results["sizes"][size]["reads"]["preview"]
-        xs = [i + k * width for i in range(len(shapes))]
-        ax.bar(xs, [preview[s]["p50_ms"] for s in shapes], width, label=f"{int(size):,} nodes p50")
-        ax.scatter(xs, [preview[s]["p99_ms"] for s in shapes], marker="_", s=200, color="black", zorder=3)
-    ax.set_xticks(
-        [i + width * (len(sizes) - 1) / 2 for i in range(len(shapes))], shapes, rotation=20, fontsize=8
+    by_size = {size: run["reads"]["preview"] for size, run in results["sizes"].items()}
+    _chart_latencies(
+        path,
+        by_size,
+        list(next(iter(by_size.values()))),
+        title="capacity/preview over HTTP",
+        target_ms=PREVIEW_8_P50_MS,
+        figsize=(8, 3.8),
+        dash=200,
+        rotation=20,
+        fontsize=8,
     )
-    ax.set_ylabel("ms (bar p50, dash p99)")
-    ax.set_title("capacity/preview over HTTP")
-    ax.axhline(PREVIEW_8_P50_MS, color="grey", linestyle=":", linewidth=1)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _chart_throughput(throughput: dict[str, Any], path: Path) -> None:
@@ -96,9 +113,7 @@ def _chart_throughput(throughput: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("creates (+ releases) per second")
     ax.set_title("reservations/create + release")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _verdict(ok: bool) -> str:
@@ -161,6 +176,22 @@ def _targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _latency_table_head(title: str, chart: str, column: str, sizes: list[str]) -> list[str]:
+    """A section's title, its chart, and the head of its table: p50 and p99 per fleet size."""
+    return [
+        f"## {title}",
+        "",
+        f"![{chart}](benchmarks/{chart}.png)",
+        "",
+        f"| {column} | " + " | ".join(f"{int(s):,} p50 ms | {int(s):,} p99 ms" for s in sizes) + " |",
+        "| --- | " + " | ".join("---: | ---:" for _ in sizes) + " |",
+    ]
+
+
+def _latency_cells(latencies: list[dict[str, Any]], *, digits: int) -> str:
+    return " | ".join(f"{x['p50_ms']:.{digits}f} | {x['p99_ms']:.{digits}f}" for x in latencies)
+
+
 def _markdown(results: dict[str, Any]) -> str:
     sizes = sorted(results["sizes"], key=int)
     big = results["sizes"][sizes[-1]]
@@ -205,20 +236,12 @@ def _markdown(results: dict[str, Any]) -> str:
         "booked in evenly spaced windows from 30 days ago to 7 days ahead, half of each period booked, with a",
         "phase per group. So about half of the atoms are busy now and most rows are history.",
         "",
-        "## Reads over HTTP",
-        "",
-        "![reads](benchmarks/reads.png)",
-        "",
-        "| method | " + " | ".join(f"{int(s):,} p50 ms | {int(s):,} p99 ms" for s in sizes) + " |",
-        "| --- | " + " | ".join("---: | ---:" for _ in sizes) + " |",
+        *_latency_table_head("Reads over HTTP", "reads", "method", sizes),
     ]
     for name in ("no credential (401)", "summary", "byPool", "timeline"):
         if name not in results["sizes"][sizes[0]]["reads"]:
             continue
-        cells = " | ".join(
-            f"{results['sizes'][s]['reads'][name]['p50_ms']:.2f} | {results['sizes'][s]['reads'][name]['p99_ms']:.2f}"
-            for s in sizes
-        )
+        cells = _latency_cells([results["sizes"][s]["reads"][name] for s in sizes], digits=2)
         lines.append(f"| {name if ' ' in name else f'`capacity/{name}`'} | {cells} |")
     if len(sizes) > 1:
         lines.append("")
@@ -236,19 +259,10 @@ def _markdown(results: dict[str, Any]) -> str:
         "*no credential (401)* is `capacity/summary` with an empty bearer token: refused before any query,",
         "it is what HTTP, gunicorn, Django and DRF cost per call on this machine, under every other line.",
         "",
-        "## capacity/preview",
-        "",
-        "![preview](benchmarks/preview.png)",
-        "",
-        "| request | " + " | ".join(f"{int(s):,} p50 ms | {int(s):,} p99 ms" for s in sizes) + " |",
-        "| --- | " + " | ".join("---: | ---:" for _ in sizes) + " |",
+        *_latency_table_head("capacity/preview", "preview", "request", sizes),
     ]
     for shape in results["sizes"][sizes[0]]["reads"]["preview"]:
-        cells = " | ".join(
-            f"{results['sizes'][s]['reads']['preview'][shape]['p50_ms']:.1f}"
-            f" | {results['sizes'][s]['reads']['preview'][shape]['p99_ms']:.1f}"
-            for s in sizes
-        )
+        cells = _latency_cells([results["sizes"][s]["reads"]["preview"][shape] for s in sizes], digits=1)
         lines.append(f"| {shape} | {cells} |")
     lines += [
         "",

@@ -15,6 +15,7 @@ Everything lands in `docs/benchmarks/results.json`, the charts in
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -85,10 +86,8 @@ class _Step:
 def _build_fleet(*, server: Server, nodes: int, clock: Clock) -> dict[str, Any]:
     from django.core.management import call_command
     from django.db import connections
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from bench.fill import bookings_fill
-    from fleets.load import fleet_load
 
     connections.close_all()
     with clock.step(f"{nodes} nodes: recreate and migrate {BENCH_DB}"):
@@ -99,16 +98,11 @@ def _build_fleet(*, server: Server, nodes: int, clock: Clock) -> dict[str, Any]:
         with open(os.devnull, "w") as quiet:
             call_command("make_fleet", nodes=nodes, gpus_per_node=8, seed=1, out=str(path), stderr=quiet)
         data = json.loads(path.read_text())
-        with Progress(
-            TextColumn("  loading nodes"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("nodes", total=len(data["nodes"]))
-            ids = fleet_load(data=data, progress=lambda done, total: bar.update(task, completed=done))
+        # Loaded as an operator loads a fleet file: `load_fleet` shows its progress
+        # on a terminal and answers the ids as JSON.
+        answer = io.StringIO()
+        call_command("load_fleet", str(path), stdout=answer)
+        ids = json.loads(answer.getvalue())
     with clock.step(f"{nodes} nodes: fill bookings"):
         filled = bookings_fill(conninfo=server.conninfo(BENCH_DB), target_bookings=nodes * BOOKINGS_PER_NODE)
     console.print(

@@ -135,8 +135,16 @@ class AtomRow:
 
 # One query for every device of a node with its current and next booking: two
 # LATERAL lookups served by the exclusion constraint's gist index on
-# (device_id, during), instead of a query per atom.
+# (device_id, during), instead of a query per atom. `booking` is a booking as
+# the page shows it; NOT MATERIALIZED, each lookup's WHERE reaches the index.
 _ATOMS_SQL = """
+WITH booking AS NOT MATERIALIZED (
+    SELECT b.device_id, b.during, lower(b.during) AS lo, upper(b.during) AS hi,
+           a.reservation_id AS rsv, r.tenant_id AS tenant, b.purpose
+      FROM device_bookings b
+      LEFT JOIN reservations_allocation a ON a.id = b.allocation_id
+      LEFT JOIN reservations_reservation r ON r.id = a.reservation_id
+)
 SELECT d.id,
        cur.lo AS cur_start, cur.hi AS cur_end, cur.rsv AS cur_rsv, cur.tenant AS cur_tenant,
        cur.purpose AS cur_purpose,
@@ -144,21 +152,11 @@ SELECT d.id,
        nxt.purpose AS next_purpose
   FROM inventory_device d
   LEFT JOIN LATERAL (
-        SELECT lower(b.during) AS lo, upper(b.during) AS hi, a.reservation_id AS rsv,
-               r.tenant_id AS tenant, b.purpose
-          FROM device_bookings b
-          LEFT JOIN reservations_allocation a ON a.id = b.allocation_id
-          LEFT JOIN reservations_reservation r ON r.id = a.reservation_id
-         WHERE b.device_id = d.id AND b.during @> compute_now()
+        SELECT * FROM booking WHERE booking.device_id = d.id AND booking.during @> compute_now()
          LIMIT 1) cur ON TRUE
   LEFT JOIN LATERAL (
-        SELECT lower(b.during) AS lo, upper(b.during) AS hi, a.reservation_id AS rsv,
-               r.tenant_id AS tenant, b.purpose
-          FROM device_bookings b
-          LEFT JOIN reservations_allocation a ON a.id = b.allocation_id
-          LEFT JOIN reservations_reservation r ON r.id = a.reservation_id
-         WHERE b.device_id = d.id AND lower(b.during) > compute_now()
-         ORDER BY lower(b.during)
+        SELECT * FROM booking WHERE booking.device_id = d.id AND booking.lo > compute_now()
+         ORDER BY booking.lo
          LIMIT 1) nxt ON TRUE
  WHERE d.node_id = %s
  ORDER BY d.device_class, d.uid

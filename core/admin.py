@@ -7,6 +7,7 @@ class, the actor string written to the audit trail, and the intermediate
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,47 +62,57 @@ class OptionalReasonForm(forms.Form):
     )
 
 
+def ops_page_context(modeladmin: admin.ModelAdmin, request: HttpRequest, title: str) -> dict[str, Any]:
+    """What every page extending `admin/ops_page.html` needs: the site's context, `title` and `opts`."""
+    return {**modeladmin.admin_site.each_context(request), "title": title, "opts": modeladmin.model._meta}
+
+
 def reason_action(
     *,
-    modeladmin: admin.ModelAdmin,
-    request: HttpRequest,
-    queryset: QuerySet[Any],
     title: str,
     form_class: type[forms.Form],
-    apply: Callable[[Any, dict[str, Any]], bool],
     done: Callable[[int], str],
-    action_name: str,
     warning: str = "",
-) -> HttpResponse | None:
-    """An admin action with an intermediate form: ask, then call `apply` per row and say how many changed.
+) -> Callable[[Callable[..., bool]], Callable[..., HttpResponse | None]]:
+    """An admin action with an intermediate form: ask, then apply the decorated method per row.
 
-    `apply(obj, cleaned_data)` calls one service and returns whether the row
-    changed. A `DomainError` from a service is shown per row, not raised.
+    The method is `apply(self, request, obj, cleaned_data) -> bool`: it calls
+    one service and returns whether the row changed; `done(changed)` is the
+    message after. A `DomainError` from a service is shown per row, not raised.
     """
-    form = form_class(request.POST if "apply" in request.POST else None)
-    if "apply" in request.POST and form.is_valid():
-        changed = 0
-        for obj in queryset:
-            try:
-                if apply(obj, form.cleaned_data):
-                    changed += 1
-            except DomainError as exc:
-                modeladmin.message_user(request, f"{obj}: {exc}", messages.ERROR)
-        modeladmin.message_user(request, done(changed), messages.SUCCESS if changed else messages.WARNING)
-        return None
-    opts = modeladmin.model._meta
-    context = {
-        **modeladmin.admin_site.each_context(request),
-        "title": title,
-        "opts": opts,
-        "form": form,
-        "objects": list(queryset),
-        "action_name": action_name,
-        "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
-        "action_checkbox_name": ACTION_CHECKBOX_NAME,
-        "warning": warning,
-    }
-    return TemplateResponse(request, "admin/reason_action.html", context)
+
+    def decorate(apply: Callable[..., bool]) -> Callable[..., HttpResponse | None]:
+        @functools.wraps(apply)
+        def action(
+            modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Any]
+        ) -> HttpResponse | None:
+            form = form_class(request.POST if "apply" in request.POST else None)
+            if "apply" in request.POST and form.is_valid():
+                changed = 0
+                for obj in queryset:
+                    try:
+                        if apply(modeladmin, request, obj, form.cleaned_data):
+                            changed += 1
+                    except DomainError as exc:
+                        modeladmin.message_user(request, f"{obj}: {exc}", messages.ERROR)
+                modeladmin.message_user(
+                    request, done(changed), messages.SUCCESS if changed else messages.WARNING
+                )
+                return None
+            context = {
+                **ops_page_context(modeladmin, request, title),
+                "form": form,
+                "objects": list(queryset),
+                "action_name": apply.__name__,
+                "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+                "warning": warning,
+            }
+            return TemplateResponse(request, "admin/reason_action.html", context)
+
+        return action
+
+    return decorate
 
 
 # --- principals, bindings, tokens ------------------------------------------------------------
@@ -212,12 +223,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
             raise PermissionDenied
         form = TokenIssueForm(request.POST or None)
-        context: dict[str, Any] = {
-            **self.admin_site.each_context(request),
-            "title": "Issue an API token",
-            "opts": self.model._meta,
-            "form": form,
-        }
+        context = {**ops_page_context(self, request, "Issue an API token"), "form": form}
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
             days = data.get("expires_in_days")
@@ -240,23 +246,16 @@ class ApiTokenAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/core/apitoken/issue.html", context)
 
     @admin.action(description="Revoke selected tokens")
-    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> HttpResponse | None:
-        def apply(token: ApiToken, _data: dict[str, Any]) -> bool:
-            was_active = token.revoked_at is None
-            services.token_revoke(token=token, actor=admin_actor(request))
-            return was_active
-
-        return reason_action(
-            modeladmin=self,
-            request=request,
-            queryset=queryset,
-            title="Revoke tokens",
-            form_class=forms.Form,
-            apply=apply,
-            done=lambda n: f"Revoked {n} token{'s' if n != 1 else ''}; they stop working at once.",
-            action_name="revoke_tokens",
-            warning="Clients using these tokens will get 401 on their next call.",
-        )
+    @reason_action(
+        title="Revoke tokens",
+        form_class=forms.Form,
+        done=lambda n: f"Revoked {plural(n, 'token')}; they stop working at once.",
+        warning="Clients using these tokens will get 401 on their next call.",
+    )
+    def revoke_tokens(self, request: HttpRequest, token: ApiToken, data: dict[str, Any]) -> bool:
+        was_active = token.revoked_at is None
+        services.token_revoke(token=token, actor=admin_actor(request))
+        return was_active
 
 
 @admin.register(AuditEvent)
@@ -290,6 +289,7 @@ __all__: Sequence[str] = (
     "ReadOnlyAdmin",
     "ReasonForm",
     "admin_actor",
+    "ops_page_context",
     "plural",
     "reason_action",
 )

@@ -21,3 +21,8 @@ def rename_content_type(old_app: str, new_app: str, *models: str) -> Callable[[A
             content_type.objects.filter(app_label=old_app, model=model).update(app_label=new_app)
 
     return forward
+
+
+def rename_content_type_back(old_app: str, new_app: str, *models: str) -> Callable[[Any, Any], None]:
+    """The reverse of `rename_content_type`, so migrating backwards restores the old labels."""
+    return rename_content_type(new_app, old_app, *models)

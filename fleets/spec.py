@@ -313,7 +313,7 @@ def fleet_parse(*, data: Any) -> FleetSpec:
         if not isinstance(data.get(name, []), list):
             errors.add(name, "must be a list")
     if errors.items:
-        raise InvalidInput(f"{errors.items[0]['field']}: {errors.items[0]['message']}", errors.items)
+        raise InvalidInput.from_details(errors.items)
 
     for i, raw in enumerate(data.get("tenants", [])):
         path = f"tenants[{i}]"
@@ -356,9 +356,7 @@ def fleet_parse(*, data: Any) -> FleetSpec:
         spec.nodes.append(node)
 
     if errors.items:
-        first = errors.items[0]
-        more = f" (and {len(errors.items) - 1} more)" if len(errors.items) > 1 else ""
-        raise InvalidInput(f"{first['field']}: {first['message']}{more}", errors.items)
+        raise InvalidInput.from_details(errors.items, more=True)
     return spec
 
 

@@ -89,11 +89,12 @@ def node_set_maintenance(*, node: Node, on: bool, reason: str, actor: str) -> No
     return _reload(node)
 
 
-def _sync_noschedule_count(node_pk: str) -> int:
-    """Recount the node's NoSchedule taints onto the node row (the predicate reads only that row)."""
-    count = Taint.objects.filter(node_id=node_pk, effect=TaintEffect.NO_SCHEDULE).count()
-    Node.objects.filter(pk=node_pk).update(noschedule_taints=count, updated_at=Now())
-    return count
+def _taints_changed(locked: Node, *, actor: str, action: str, reason: str, **data: object) -> None:
+    """After a taint write under the node's lock: recount the node's NoSchedule taints onto
+    the node row (the predicate reads only that row), and audit the change with the new count."""
+    count = Taint.objects.filter(node_id=locked.pk, effect=TaintEffect.NO_SCHEDULE).count()
+    Node.objects.filter(pk=locked.pk).update(noschedule_taints=count, updated_at=Now())
+    _node_audit(locked, actor=actor, action=action, reason=reason, **data, noScheduleTaints=count)
 
 
 def node_taint(*, node: Node, key: str, value: str, effect: str, reason: str, actor: str) -> Node:
@@ -120,8 +121,7 @@ def node_taint(*, node: Node, key: str, value: str, effect: str, reason: str, ac
             Taint.objects.filter(pk=existing.pk).update(
                 value=value, effect=effect, reason=reason, created_by=actor
             )
-        count = _sync_noschedule_count(locked.pk)
-        _node_audit(
+        _taints_changed(
             locked,
             actor=actor,
             action="node.taint",
@@ -130,7 +130,6 @@ def node_taint(*, node: Node, key: str, value: str, effect: str, reason: str, ac
             value=value,
             effect=effect,
             previous=None if existing is None else {"value": existing.value, "effect": existing.effect},
-            noScheduleTaints=count,
         )
     return _reload(node)
 
@@ -143,8 +142,7 @@ def node_untaint(*, node: Node, key: str, actor: str, reason: str = "") -> Node:
         if existing is None:
             return _reload(node)
         existing.delete()
-        count = _sync_noschedule_count(locked.pk)
-        _node_audit(
+        _taints_changed(
             locked,
             actor=actor,
             action="node.untaint",
@@ -152,7 +150,6 @@ def node_untaint(*, node: Node, key: str, actor: str, reason: str = "") -> Node:
             key=key,
             value=existing.value,
             effect=existing.effect,
-            noScheduleTaints=count,
         )
     return _reload(node)
 

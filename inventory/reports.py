@@ -9,8 +9,9 @@ Nothing here touches the database.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from core.errors import InvalidInput
 from inventory.choices import SCALAR_RESOURCES
@@ -296,6 +297,35 @@ def _parse_disk(errors: _Errors, path: str, raw: Any) -> DiskReport | None:
     return DiskReport(id=disk_id, size_gib=size, media=media)
 
 
+_Item = TypeVar("_Item", GpuReport, DiskReport)
+
+
+def _parse_unique(
+    errors: _Errors,
+    obj: dict[str, Any],
+    name: str,
+    max_items: int,
+    parse: Callable[[_Errors, str, Any], _Item | None],
+    *,
+    key: str,
+    noun: str,
+) -> list[_Item]:
+    """The report's list `name`, each item parsed; an item whose `key` repeats an earlier one's is refused."""
+    items: list[_Item] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(_list(errors, name, obj.get(name, []), max_items)):
+        item = parse(errors, f"{name}[{i}]", raw)
+        if item is None:
+            continue
+        value = getattr(item, key)
+        if value in seen:
+            errors.add(f"{name}[{i}].{key}", f"duplicate {noun} {value}")
+            continue
+        seen.add(value)
+        items.append(item)
+    return items
+
+
 def report_parse(*, data: Any, prefix: str = "") -> NodeReport:
     """Validate a node report and return it typed, or raise `InvalidInput` naming every bad field.
 
@@ -318,17 +348,7 @@ def report_parse(*, data: Any, prefix: str = "") -> NodeReport:
                 if value is not None:
                     resources[key] = value
 
-    gpus: list[GpuReport] = []
-    uuids: set[str] = set()
-    for i, raw in enumerate(_list(errors, "gpus", obj.get("gpus", []), 64)):
-        gpu = _parse_gpu(errors, f"gpus[{i}]", raw)
-        if gpu is None:
-            continue
-        if gpu.uuid in uuids:
-            errors.add(f"gpus[{i}].uuid", f"duplicate GPU uuid {gpu.uuid}")
-            continue
-        uuids.add(gpu.uuid)
-        gpus.append(gpu)
+    gpus = _parse_unique(errors, obj, "gpus", 64, _parse_gpu, key="uuid", noun="GPU uuid")
 
     nics: list[NicReport] = []
     vf_seen: set[str] = set()
@@ -342,17 +362,7 @@ def report_parse(*, data: Any, prefix: str = "") -> NodeReport:
             vf_seen.add(vf.lower())
         nics.append(nic)
 
-    disks: list[DiskReport] = []
-    disk_ids: set[str] = set()
-    for i, raw in enumerate(_list(errors, "disks", obj.get("disks", []), 256)):
-        disk = _parse_disk(errors, f"disks[{i}]", raw)
-        if disk is None:
-            continue
-        if disk.id in disk_ids:
-            errors.add(f"disks[{i}].id", f"duplicate disk id {disk.id}")
-            continue
-        disk_ids.add(disk.id)
-        disks.append(disk)
+    disks = _parse_unique(errors, obj, "disks", 256, _parse_disk, key="id", noun="disk id")
 
     errors.raise_if_any()
     assert hostname is not None

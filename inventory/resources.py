@@ -32,19 +32,6 @@ UPDATE inventory_noderesource nr SET allocated = nr.allocated + c.amount
 """
 
 
-def _claim_scalars(*, node_id: str, resources: dict[str, int]) -> bool:
-    """Claim every scalar or none: a short row count (one did not fit, or the node lacks it) loses."""
-    names = sorted(name for name, amount in resources.items() if amount > 0)
-    if not names:
-        return True
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM_SCALARS_SQL,
-            {"node": node_id, "resources": names, "amounts": [resources[name] for name in names]},
-        )
-        return cursor.rowcount == len(names)
-
-
 def node_resources_claim(*, node_id: str, resources: dict[str, int]) -> bool:
     """Claim every scalar or none: a short row count (one did not fit, or the node lacks it) loses."""
     names = sorted(name for name, amount in resources.items() if amount > 0)

@@ -7,6 +7,8 @@ row means no limit.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connection
 
 from core.errors import QuotaExceeded
@@ -44,22 +46,33 @@ SELECT q.resource, q.used, q.max, c.amount
 """
 
 
-def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int]) -> None:
-    """Guard 5: charge every resource with one guarded UPDATE; a missing row means unlimited."""
-    resources = sorted(name for name, amount in charges.items() if amount > 0)
+def _quota_rows_update(
+    sql: str, *, pool_id: str, tenant_id: str, amounts: dict[str, int]
+) -> list[tuple[Any, ...]]:
+    """Run the charge or the give-back for the resources with a positive amount, in one statement.
+
+    Answers the rows the statement returns: the charge's refusals; the
+    give-back returns none. No statement when there is nothing to charge or give back.
+    """
+    resources = sorted(name for name, amount in amounts.items() if amount > 0)
     if not resources:
-        return
+        return []
     with connection.cursor() as cursor:
         cursor.execute(
-            _QUOTA_CHARGE_SQL,
+            sql,
             {
                 "pool": pool_id,
                 "tenant": tenant_id,
                 "resources": resources,
-                "amounts": [charges[name] for name in resources],
+                "amounts": [amounts[name] for name in resources],
             },
         )
-        refused = cursor.fetchall()
+        return cursor.fetchall() if cursor.description else []
+
+
+def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int]) -> None:
+    """Guard 5: charge every resource with one guarded UPDATE; a missing row means unlimited."""
+    refused = _quota_rows_update(_QUOTA_CHARGE_SQL, pool_id=pool_id, tenant_id=tenant_id, amounts=charges)
     if refused:
         resource, used, limit, amount = refused[0]
         raise QuotaExceeded(
@@ -86,19 +99,7 @@ UPDATE quota_usage q SET used = GREATEST(0, q.used - g.amount)
 
 def quota_give_back(*, pool_id: str, tenant_id: str, amounts: dict[str, int]) -> None:
     """Return what a cut reservation held, never below zero, in one statement."""
-    given = sorted(name for name, amount in amounts.items() if amount > 0)
-    if not given:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _QUOTA_GIVE_BACK_SQL,
-            {
-                "pool": pool_id,
-                "tenant": tenant_id,
-                "resources": given,
-                "amounts": [amounts[n] for n in given],
-            },
-        )
+    _quota_rows_update(_QUOTA_GIVE_BACK_SQL, pool_id=pool_id, tenant_id=tenant_id, amounts=amounts)
 
 
 def quota_limit_set(*, pool_id: str, tenant_id: str, resource: str, limit: int) -> None:

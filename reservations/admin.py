@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 
 from core.admin import ReadOnlyAdmin, ReasonForm, admin_actor, plural, reason_action
 from reservations.models import Allocation, DeviceBooking, Reservation, ReservationState
@@ -55,31 +54,22 @@ class ReservationAdmin(ReadOnlyAdmin):
         return bool(request.user.has_perm("inventory.operate_nodes"))
 
     @admin.action(description="Release selected reservations…", permissions=["release"])
+    @reason_action(
+        title="Release reservations",
+        form_class=ReasonForm,
+        done=lambda n: f"Released {plural(n, 'reservation')}; their atoms are free from now.",
+        warning="The tenants' workloads lose their GPUs now.",
+    )
     def release_reservations(
-        self, request: HttpRequest, queryset: QuerySet[Reservation]
-    ) -> HttpResponse | None:
+        self, request: HttpRequest, reservation: Reservation, data: dict[str, Any]
+    ) -> bool:
         from reservations.services import reservation_release
 
-        actor = admin_actor(request)
-
-        def apply(reservation: Reservation, data: dict[str, Any]) -> bool:
-            if reservation.state not in LIVE_STATES:
-                return False
-            # The service records the release in the audit trail itself.
-            reservation_release(reservation=reservation, actor=actor, reason=data["reason"])
-            return True
-
-        return reason_action(
-            modeladmin=self,
-            request=request,
-            queryset=queryset,
-            title="Release reservations",
-            form_class=ReasonForm,
-            apply=apply,
-            done=lambda n: f"Released {plural(n, 'reservation')}; their atoms are free from now.",
-            action_name="release_reservations",
-            warning="The tenants' workloads lose their GPUs now.",
-        )
+        if reservation.state not in LIVE_STATES:
+            return False
+        # The service records the release in the audit trail itself.
+        reservation_release(reservation=reservation, actor=admin_actor(request), reason=data["reason"])
+        return True
 
 
 @admin.register(Allocation)

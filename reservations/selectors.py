@@ -219,13 +219,14 @@ def capacity_preview(*, request: ReservationRequest, pool: Pool) -> dict[str, An
     with `binding: node` the whole nodes. A regular request that fits only by
     displacing spot reservations gets `preemptible`: how many would get a
     notice and when it would start, a count and never their ids.
+
+    `request` and `pool` are a `reservations.validation.ResolvedRequest`'s (or
+    the CLI's, which builds the class from the pool): nothing is checked here.
     """
     from core.clock import to_millis
     from reservations.placer.commit import plan_for_preview
     from reservations.placer.plan import placement_window
-    from reservations.request import check_request_against_pool
 
-    check_request_against_pool(request, pool)
     window = placement_window(request=request)
     plan, displacing = plan_for_preview(request=request, pool=pool, window=window)
     candidates: list[dict[str, Any]] = []

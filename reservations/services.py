@@ -92,7 +92,9 @@ def _insert_params(reservation: Reservation) -> dict[str, Any]:
     }
 
 
-def _create_once(*, request: ReservationRequest, digest: str, actor: str, pool: Pool) -> tuple[Reservation, bool]:
+def _create_once(
+    *, request: ReservationRequest, digest: str, actor: str, pool: Pool
+) -> tuple[Reservation, bool]:
     with transaction.atomic():
         window = placement_window(request=request)
         reservation = Reservation(

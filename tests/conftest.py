@@ -1,4 +1,5 @@
-"""Shared personas: a tenant that owns a pool, one it is offered to, an outsider, an operator, a node agent.
+"""Shared personas: a tenant that owns a pool, one it is offered to, an outsider, an operator, a node agent;
+and the admin's superuser.
 
 Tokens are issued through `core.services.token_issue`, so every API test goes
 through the real bearer authentication and the real decisions.
@@ -6,25 +7,18 @@ through the real bearer authentication and the real decisions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from core.models import Tenant
 from core.services import token_issue
 from inventory.models import Node, Pool
-from tests.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
-
-ClientFor = Callable[[str | None, str], APIClient]
-
-
-def bearer_client(token: str) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
-    return client
+from tests.support.api import ClientFor, bearer_client
+from tests.support.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
 
 
 @pytest.fixture
@@ -116,3 +110,9 @@ def operator_client(api_client_for: ClientFor) -> APIClient:
 def node_agent_client(api_client_for: ClientFor) -> APIClient:
     """A platform node agent: may report inventory, nothing else."""
     return api_client_for(None, "node-agent")
+
+
+@pytest.fixture
+def operator(admin_client: Client) -> Client:
+    """The admin as a superuser: holds `inventory.operate_nodes` like every permission."""
+    return admin_client

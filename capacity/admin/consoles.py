@@ -15,8 +15,9 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, DateTimeField, Func, IntegerField, OuterRef, QuerySet, Subquery
+from django.db.models import Count, DateTimeField, Func, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -39,7 +40,7 @@ from capacity.node_selectors import (
     node_operator_state,
     node_scalars,
 )
-from core.admin import OptionalReasonForm, ReasonForm, admin_actor, plural
+from core.admin import OptionalReasonForm, ReasonForm, admin_actor, ops_page_context, plural
 from core.errors import DomainError
 from inventory.models import Device, Node, Pool, TaintEffect
 from inventory.schedulability import BUCKETS, EXCLUDED, SCHEDULABLE, node_bucket, predicate_terms
@@ -51,6 +52,23 @@ OPERATE_PERMISSION = "inventory.operate_nodes"
 def can_operate(request: HttpRequest) -> bool:
     """Staff without the permission may look at the fleet, never act on it."""
     return bool(request.user.has_perm(OPERATE_PERMISSION))
+
+
+class ConsoleAdmin(admin.ModelAdmin):
+    """A model admin whose change page is an operator console, filled by `console_context`."""
+
+    def console_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {**self.console_context(request, object_id), **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra_context=extra)
 
 
 def _bucket_expression() -> RawSQL:
@@ -100,23 +118,30 @@ class RollupView:
     unreachable: int
 
 
-class PoolArchivedFilter(admin.SimpleListFilter):
-    title = "archived"
-    parameter_name = "archived"
+class ConditionFilter(admin.SimpleListFilter):
+    """A list filter whose choices are fixed conditions: `conditions` maps a value to its label and Q."""
+
+    conditions: dict[str, tuple[str, Q]] = {}
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("no", "Live"), ("yes", "Archived")]
+        return [(value, label) for value, (label, _) in self.conditions.items()]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "yes":
-            return queryset.filter(archived_at__isnull=False)
-        if self.value() == "no":
-            return queryset.filter(archived_at__isnull=True)
-        return queryset
+        chosen = self.conditions.get(self.value() or "")
+        return queryset.filter(chosen[1]) if chosen else queryset
+
+
+class PoolArchivedFilter(ConditionFilter):
+    title = "archived"
+    parameter_name = "archived"
+    conditions = {
+        "no": ("Live", Q(archived_at__isnull=True)),
+        "yes": ("Archived", Q(archived_at__isnull=False)),
+    }
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
+class PoolAdmin(ConsoleAdmin):
     list_display = ("name", "owner", "gpu_model", "sharing", "node_count", "gpu_capacity", "rollup_age")
     list_filter = ("sharing", "gpu_model", PoolArchivedFilter, ("owner", admin.RelatedOnlyFieldListFilter))
     list_select_related = ("owner",)
@@ -191,20 +216,14 @@ class PoolAdmin(admin.ModelAdmin):
         extra = {"capacity_legend": charts.legend_html(), **(extra_context or {})}
         return super().changelist_view(request, extra_context=extra)
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
+    def console_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         pool = get_object_or_404(Pool, pk=object_id)
         rows = list(
             PoolCapacityRollup.objects.filter(pool=pool)
             .annotate(db_now=Func(function="compute_now", output_field=DateTimeField()))
             .order_by("resource")
         )
-        extra: dict[str, Any] = {
+        return {
             "rollups": [
                 {
                     "row": r,
@@ -217,10 +236,8 @@ class PoolAdmin(admin.ModelAdmin):
             "can_operate": can_operate(request),
             "rebuild_url": reverse("admin:inventory_pool_rebuild", args=[pool.pk]),
             "nodes_url": reverse("admin:inventory_node_changelist") + f"?pool__id__exact={pool.pk}",
+            **_timeline_context(request, pool),
         }
-        extra.update(_timeline_context(request, pool))
-        extra.update(extra_context or {})
-        return super().change_view(request, object_id, form_url, extra_context=extra)
 
     def rebuild_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST only: rebuild this pool's rollup rows now, then back to the pool page."""
@@ -312,19 +329,10 @@ class BucketFilter(admin.SimpleListFilter):
         return queryset.filter(bucket=self.value()) if self.value() else queryset
 
 
-class SchedulableFilter(admin.SimpleListFilter):
+class SchedulableFilter(ConditionFilter):
     title = "schedulable"
     parameter_name = "schedulable"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "Yes"), ("no", "No")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "yes":
-            return queryset.filter(bucket=SCHEDULABLE)
-        if self.value() == "no":
-            return queryset.exclude(bucket=SCHEDULABLE)
-        return queryset
+    conditions = {"yes": ("Yes", Q(bucket=SCHEDULABLE)), "no": ("No", ~Q(bucket=SCHEDULABLE))}
 
 
 class TaintForm(forms.Form):
@@ -439,7 +447,7 @@ def _operation_action(op: str) -> Callable[..., HttpResponse]:
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(ConsoleAdmin):
     list_display = (
         "hostname",
         "pool",
@@ -466,29 +474,6 @@ class NodeAdmin(admin.ModelAdmin):
     list_per_page = 100
     change_form_template = "admin/inventory/node/change_form.html"
     change_list_template = "admin/inventory/node/change_list.html"
-    # Every field the schedulability predicate reads is written by a service
-    # (cordon, taint, maintenance) or by node reports; labels are the operator's.
-    readonly_fields = (
-        "id",
-        "hostname",
-        "pool",
-        "role",
-        "trust",
-        "owner",
-        "provision_state",
-        "connectivity",
-        "maintenance",
-        "maintenance_reason",
-        "cordoned",
-        "cordon_reason",
-        "cordoned_by",
-        "cordoned_at",
-        "noschedule_taints",
-        "converged_specs",
-        "last_heartbeat_at",
-        "created_at",
-        "updated_at",
-    )
     fieldsets = (
         (None, {"fields": ("id", "hostname", "pool", "labels")}),
         (
@@ -506,6 +491,9 @@ class NodeAdmin(admin.ModelAdmin):
             },
         ),
     )
+    # Every field the schedulability predicate reads is written by a service
+    # (cordon, taint, maintenance) or by node reports; labels are the operator's.
+    readonly_fields = tuple(f for f in flatten_fieldsets(fieldsets) if f != "labels")
     actions = [_operation_action(op) for op in OPERATION_LABELS]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -565,17 +553,11 @@ class NodeAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
+    def console_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         node = get_object_or_404(Node.objects.select_related("pool", "pool__owner", "owner"), pk=object_id)
         gpus, others = node_atoms(node=node)
         operate_url = reverse("admin:inventory_node_operate", args=["OP"])
-        extra: dict[str, Any] = {
+        return {
             "node": node,
             "terms": predicate_terms(node),
             "bucket": node_bucket(node),
@@ -596,8 +578,6 @@ class NodeAdmin(admin.ModelAdmin):
             ],
             "untaint_url": operate_url.replace("OP", "untaint") + f"?ids={node.pk}&next=node",
         }
-        extra.update(extra_context or {})
-        return super().change_view(request, object_id, form_url, extra_context=extra)
 
     def operate_view(self, request: HttpRequest, op: str) -> HttpResponse:
         """The intermediate page of every node action: the nodes, the form, then the service calls."""
@@ -664,9 +644,7 @@ class NodeAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         """The reason page: the nodes with their bucket and allocatable GPUs now, and the form."""
         context = {
-            **self.admin_site.each_context(request),
-            "title": operation.title,
-            "opts": self.model._meta,
+            **ops_page_context(self, request, operation.title),
             "operation": operation,
             "op": op,
             "form": form,
@@ -713,9 +691,7 @@ class NodeAdmin(admin.ModelAdmin):
                 )
             return HttpResponseRedirect(reverse("admin:inventory_node_change", args=[node.pk]))
         context = {
-            **self.admin_site.each_context(request),
-            "title": f"Device health: {device.uid}",
-            "opts": self.model._meta,
+            **ops_page_context(self, request, f"Device health: {device.uid}"),
             "device": device,
             "node": node,
             "form": form,

@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from capacity import charts
 from core.admin import ReadOnlyAdmin
 from ledger.models import PoolCapacityRollup, QuotaUsage
+from ledger.quota import quota_limit_set
 
 
 @admin.register(PoolCapacityRollup)
@@ -52,3 +53,10 @@ class QuotaUsageAdmin(admin.ModelAdmin):
         if obj is not None:
             return ("pool", "tenant", "resource", "used")
         return ("used",)
+
+    def save_model(self, request: HttpRequest, obj: QuotaUsage, form: Any, change: bool) -> None:
+        # The ledger writes its own table: a limit below what is in use is raised to it,
+        # as a fleet file's would be, instead of failing on the CHECK.
+        quota_limit_set(pool_id=obj.pool_id, tenant_id=obj.tenant_id, resource=obj.resource, limit=obj.max)
+        saved = QuotaUsage.objects.get(pool_id=obj.pool_id, tenant_id=obj.tenant_id, resource=obj.resource)
+        obj.pk, obj.used, obj.max = saved.pk, saved.used, saved.max

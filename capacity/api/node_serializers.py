@@ -16,36 +16,39 @@ def _reason(*, required: bool) -> StrictCharField:
     return StrictCharField(max_length=REASON_MAX, required=False, allow_blank=True, default="")
 
 
-class NodeGetInput(StrictSerializer):
+# `{nodeId}`: the body of `nodes/get`, and the start of every node operation's
+# body. An operation's other fields are named as its `inventory.operations`
+# service's keyword arguments: `capacity.api.nodes` passes them on as they are.
+# (No docstring: the OpenAPI document describes these inputs by StrictSerializer's.)
+class NodeInput(StrictSerializer):
     nodeId = node_id_field()
 
 
-class CordonInput(StrictSerializer):
-    nodeId = node_id_field()
+class NodeGetInput(NodeInput):
+    pass
+
+
+class CordonInput(NodeInput):
     reason = _reason(required=True)
 
 
-class UncordonInput(StrictSerializer):
-    nodeId = node_id_field()
+class UncordonInput(NodeInput):
     reason = _reason(required=False)
 
 
-class TaintInput(StrictSerializer):
-    nodeId = node_id_field()
+class TaintInput(NodeInput):
     key = StrictCharField(max_length=253)
     value = StrictCharField(max_length=253, required=False, allow_blank=True, default="")
     effect = serializers.ChoiceField(choices=TaintEffect.values)
     reason = _reason(required=False)
 
 
-class UntaintInput(StrictSerializer):
-    nodeId = node_id_field()
+class UntaintInput(NodeInput):
     key = StrictCharField(max_length=253)
     reason = _reason(required=False)
 
 
-class SetMaintenanceInput(StrictSerializer):
-    nodeId = node_id_field()
+class SetMaintenanceInput(NodeInput):
     on = StrictBooleanField()
     reason = _reason(required=False)
 

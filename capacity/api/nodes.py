@@ -9,6 +9,8 @@ call one service → answer the node or device as it is after the change.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 from rest_framework.request import Request
@@ -18,6 +20,7 @@ from capacity.api.node_serializers import (
     CordonInput,
     DeviceSerializer,
     NodeGetInput,
+    NodeInput,
     NodeSerializer,
     ReportInput,
     ReportOutput,
@@ -27,7 +30,7 @@ from capacity.api.node_serializers import (
     UncordonInput,
     UntaintInput,
 )
-from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input, rpc_output
+from core.api import RpcViewSet, rpc_action, rpc_input, rpc_output
 from core.authentication import actor_of, principal_of
 from core.decisions import INVENTORY_REPORT, NODES_OPERATE, decide_platform
 from core.errors import InvalidInput
@@ -39,9 +42,10 @@ from reservations.layouts import node_report_apply
 NODE_OPS = (
     "Platform operators only (`compute:nodes:operate`). Existing bookings are kept; new placements stop."
 )
+TAINT_OPS = NODE_OPS + " A NoSchedule taint puts the node's atoms in the `unhealthy` bucket."
 
 
-def _operated_node(request: Request, serializer: type[StrictSerializer]) -> tuple[dict[str, Any], Node]:
+def _operated_node(request: Request, serializer: type[NodeInput]) -> tuple[dict[str, Any], Node]:
     data = rpc_input(request, serializer)
     decide_platform(principal=principal_of(request), permission=NODES_OPERATE)
     return data, node_get(node_id=data["node_id"])
@@ -49,6 +53,31 @@ def _operated_node(request: Request, serializer: type[StrictSerializer]) -> tupl
 
 def _node_answer(node: Node) -> Response:
     return rpc_output(NodeSerializer, node_detail(node=node))
+
+
+def _node_operation(
+    method: str,
+    serializer: type[NodeInput],
+    service: Callable[..., Node],
+    summary: str,
+    description: str = NODE_OPS,
+) -> Callable[[RpcViewSet, Request], Response]:
+    """The view of `nodes/<method>`: one `inventory.operations` service on the node.
+
+    The body's fields but `nodeId` are the service's keyword arguments (the
+    serializer names them so). The view is the viewset's attribute of the
+    method's name in snake case; DRF's router checks that the names agree.
+    """
+
+    def view(self: RpcViewSet, request: Request) -> Response:
+        data, node = _operated_node(request, serializer)
+        del data["node_id"]
+        return _node_answer(service(node=node, actor=actor_of(request), **data))
+
+    view.__name__ = view.__qualname__ = re.sub(r"(?<!^)(?=[A-Z])", "_", method).lower()
+    return rpc_action(
+        method, request=serializer, response=NodeSerializer, summary=summary, description=description
+    )(view)
 
 
 class NodesViewSet(RpcViewSet):
@@ -65,72 +94,16 @@ class NodesViewSet(RpcViewSet):
         _, node = _operated_node(request, NodeGetInput)
         return _node_answer(node)
 
-    @rpc_action(
-        "cordon", request=CordonInput, response=NodeSerializer, summary="Cordon a node", description=NODE_OPS
-    )
-    def cordon(self, request: Request) -> Response:
-        data, node = _operated_node(request, CordonInput)
-        return _node_answer(operations.node_cordon(node=node, reason=data["reason"], actor=actor_of(request)))
-
-    @rpc_action(
-        "uncordon",
-        request=UncordonInput,
-        response=NodeSerializer,
-        summary="Uncordon a node",
-        description=NODE_OPS,
-    )
-    def uncordon(self, request: Request) -> Response:
-        data, node = _operated_node(request, UncordonInput)
-        return _node_answer(
-            operations.node_uncordon(node=node, reason=data["reason"], actor=actor_of(request))
-        )
-
-    @rpc_action(
-        "taint",
-        request=TaintInput,
-        response=NodeSerializer,
-        summary="Add or replace a taint",
-        description=NODE_OPS + " A NoSchedule taint puts the node's atoms in the `unhealthy` bucket.",
-    )
-    def taint(self, request: Request) -> Response:
-        data, node = _operated_node(request, TaintInput)
-        node = operations.node_taint(
-            node=node,
-            key=data["key"],
-            value=data["value"],
-            effect=data["effect"],
-            reason=data["reason"],
-            actor=actor_of(request),
-        )
-        return _node_answer(node)
-
-    @rpc_action(
-        "untaint",
-        request=UntaintInput,
-        response=NodeSerializer,
-        summary="Remove a taint",
-        description=NODE_OPS,
-    )
-    def untaint(self, request: Request) -> Response:
-        data, node = _operated_node(request, UntaintInput)
-        node = operations.node_untaint(
-            node=node, key=data["key"], reason=data["reason"], actor=actor_of(request)
-        )
-        return _node_answer(node)
-
-    @rpc_action(
+    cordon = _node_operation("cordon", CordonInput, operations.node_cordon, "Cordon a node")
+    uncordon = _node_operation("uncordon", UncordonInput, operations.node_uncordon, "Uncordon a node")
+    taint = _node_operation("taint", TaintInput, operations.node_taint, "Add or replace a taint", TAINT_OPS)
+    untaint = _node_operation("untaint", UntaintInput, operations.node_untaint, "Remove a taint")
+    set_maintenance = _node_operation(
         "setMaintenance",
-        request=SetMaintenanceInput,
-        response=NodeSerializer,
-        summary="Put a node in or out of maintenance",
-        description=NODE_OPS,
+        SetMaintenanceInput,
+        operations.node_set_maintenance,
+        "Put a node in or out of maintenance",
     )
-    def set_maintenance(self, request: Request) -> Response:
-        data, node = _operated_node(request, SetMaintenanceInput)
-        node = operations.node_set_maintenance(
-            node=node, on=data["on"], reason=data["reason"], actor=actor_of(request)
-        )
-        return _node_answer(node)
 
 
 class DevicesViewSet(RpcViewSet):

@@ -7,6 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
+from capacity.api.views import pool_read_input
 from capacity.timeline import MAX_STEP_MINUTES, MIN_STEP_MINUTES, timeline_compute
 from core.api import (
     RpcViewSet,
@@ -14,14 +15,10 @@ from core.api import (
     StrictSerializer,
     pool_id_field,
     rpc_action,
-    rpc_input,
     rpc_output,
     tenant_id_field,
     time_ms_field,
 )
-from core.authentication import principal_of
-from core.decisions import CAPACITY_READ
-from inventory.access import decide_pool
 
 
 class TimelineInput(StrictSerializer):
@@ -91,13 +88,7 @@ class TimelineViewSet(RpcViewSet):
         ),
     )
     def timeline(self, request: Request) -> Response:
-        data = rpc_input(request, TimelineInput)
-        pool = decide_pool(
-            principal=principal_of(request),
-            tenant_id=data["tenant_id"],
-            pool_id=data["pool_id"],
-            permission=CAPACITY_READ,
-        )
+        data, pool = pool_read_input(request, TimelineInput)
         answer = timeline_compute(
             pool=pool,
             from_ms=data.get("from"),

@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from capacity.api.serializers import ByPoolInput, ByPoolOutput, SummaryInput, SummaryOutput
 from capacity.selectors import capacity_summary, rollup_rows
-from core.api import RpcViewSet, rpc_action, rpc_input
+from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input
 from core.authentication import principal_of
 from core.decisions import CAPACITY_READ, decide_tenant
 from inventory.access import decide_pool
+from inventory.models import Pool
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _by_pool(request: Request) -> Response:
-    data = rpc_input(request, ByPoolInput)
+def pool_read_input(request: Request, serializer: type[StrictSerializer]) -> tuple[dict[str, Any], Pool]:
+    """Validate a `{tenantId, poolId, ...}` body and decide capacity read on the pool.
+
+    NOT_FOUND when the pool is not visible to the tenant (`decide_pool`).
+    """
+    data = rpc_input(request, serializer)
     pool = decide_pool(
         principal=principal_of(request),
         tenant_id=data["tenant_id"],
         pool_id=data["pool_id"],
         permission=CAPACITY_READ,
     )
+    return data, pool
+
+
+def _by_pool(request: Request) -> Response:
+    _, pool = pool_read_input(request, ByPoolInput)
     # The selector already answers in the contract's shape (plain ints and
     # strings), so the output serializer only documents it (OpenAPI): walking
     # every row through DRF fields again would cost more than the query.
@@ -32,6 +47,13 @@ BY_POOL_DESCRIPTION = (
     "an atom booked now and again later counts in both `allocated` and `reserved`. NOT_FOUND when the "
     "pool is not owned by or offered to the tenant, or is archived and the tenant is not its owner."
 )
+
+
+def _by_pool_action(method: str, summary: str) -> Callable[[F], F]:
+    """`capacity/byPool` and `pools/capacity`: one method under two names."""
+    return rpc_action(
+        method, request=ByPoolInput, response=ByPoolOutput, summary=summary, description=BY_POOL_DESCRIPTION
+    )
 
 
 class CapacityViewSet(RpcViewSet):
@@ -53,13 +75,7 @@ class CapacityViewSet(RpcViewSet):
         # Already in the contract's shape; see `_by_pool`.
         return Response(capacity_summary(tenant_id=data["tenant_id"]))
 
-    @rpc_action(
-        "byPool",
-        request=ByPoolInput,
-        response=ByPoolOutput,
-        summary="One pool's rollup rows",
-        description=BY_POOL_DESCRIPTION,
-    )
+    @_by_pool_action("byPool", "One pool's rollup rows")
     def by_pool(self, request: Request) -> Response:
         return _by_pool(request)
 
@@ -67,12 +83,6 @@ class CapacityViewSet(RpcViewSet):
 class PoolsViewSet(RpcViewSet):
     """The pools group: `pools/capacity` answers exactly as `capacity/byPool`."""
 
-    @rpc_action(
-        "capacity",
-        request=ByPoolInput,
-        response=ByPoolOutput,
-        summary="One pool's rollup rows (same as capacity.byPool)",
-        description=BY_POOL_DESCRIPTION,
-    )
+    @_by_pool_action("capacity", "One pool's rollup rows (same as capacity.byPool)")
     def capacity(self, request: Request) -> Response:
         return _by_pool(request)

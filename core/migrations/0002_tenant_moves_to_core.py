@@ -3,7 +3,7 @@ import django.core.validators
 import django.db.models.deletion
 from django.db import migrations, models
 
-from core.migration_helpers import rename_content_type
+from core.migration_helpers import rename_content_type, rename_content_type_back
 
 
 class Migration(migrations.Migration):
@@ -35,7 +35,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             database_operations=[
-                migrations.RunPython(rename_content_type("inventory", "core", "tenant"), migrations.RunPython.noop),
+                migrations.RunPython(rename_content_type("inventory", "core", "tenant"), rename_content_type_back("inventory", "core", "tenant")),
             ],
         ),
     ]

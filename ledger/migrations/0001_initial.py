@@ -4,7 +4,7 @@ import django.db.models.expressions
 import django.db.models.functions.comparison
 from django.db import migrations, models
 
-from core.migration_helpers import rename_content_type
+from core.migration_helpers import rename_content_type, rename_content_type_back
 
 
 class Migration(migrations.Migration):
@@ -63,7 +63,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             database_operations=[
-                migrations.RunPython(rename_content_type("capacity", "ledger", "poolcapacityrollup", "quotausage"), migrations.RunPython.noop),
+                migrations.RunPython(rename_content_type("capacity", "ledger", "poolcapacityrollup", "quotausage"), rename_content_type_back("capacity", "ledger", "poolcapacityrollup", "quotausage")),
             ],
         ),
     ]

@@ -1,7 +1,9 @@
 """`reservations/{create,get,list,release,renew}` and `capacity/preview`.
 
 Each method: validate the body, decide (`core.decisions`), call one service or
-selector, serialize.
+selector, serialize. `create` and `preview` take the same body through one path,
+`reservations.validation.reservation_request_resolve` (parse, decide on the
+pool, the project, the pool's sharing mode), so they never disagree on it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from rest_framework.response import Response
 from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_input, rpc_output
 from core.authentication import actor_of, principal_of
 from core.decisions import CAPACITY_READ, RESERVATIONS_READ, RESERVATIONS_WRITE, decide_tenant
-from inventory.access import decide_pool
 from reservations.api.serializers import (
     PreviewOutput,
     ReservationListInput,
@@ -22,7 +23,7 @@ from reservations.api.serializers import (
     ReservationRefInput,
 )
 from reservations.models import Reservation
-from reservations.request import ReservationRequestSerializer, parse_reservation_request
+from reservations.request import ReservationRequestSerializer
 from reservations.selectors import (
     capacity_preview,
     reservation_get,
@@ -30,6 +31,7 @@ from reservations.selectors import (
     reservation_payload,
 )
 from reservations.services import reservation_create, reservation_release, reservation_renew
+from reservations.validation import reservation_request_resolve
 
 CONFLICTS: dict[int, type[serializers.Serializer]] = {409: ErrorSerializer}
 
@@ -56,22 +58,24 @@ class ReservationsViewSet(RpcViewSet):
             "Runs the placer and books the atoms in one transaction. 201 with the reservation; the same "
             "`idempotencyKey` with the same request answers 200 with the same reservation, with a "
             "different request CONFLICT. NO_CAPACITY (after `wait.timeoutMs`) carries the placer's reason; "
-            "QUOTA_EXCEEDED when the tenant's quota in the pool would be exceeded. Decided on the pool."
+            "QUOTA_EXCEEDED when the tenant's quota in the pool would be exceeded. Decided on the pool; "
+            "NOT_FOUND for a `projectId` that is not the tenant's, INVALID_INPUT for a device class or "
+            "`sharing` the pool's sharing mode never serves, as `capacity/preview` answers."
         ),
     )
     def create_reservation(self, request: Request) -> Response:
-        body = parse_reservation_request(request.data)
-        principal = principal_of(request)
-        pool = decide_pool(
-            principal=principal, tenant_id=body.tenant_id, pool_id=body.pool_id, permission=RESERVATIONS_WRITE
+        resolved = reservation_request_resolve(
+            principal=principal_of(request), data=request.data, permission=RESERVATIONS_WRITE
         )
-        reservation, created = reservation_create(request=body, actor=actor_of(request), pool=pool)
+        reservation, created = reservation_create(
+            request=resolved.request, actor=actor_of(request), pool=resolved.pool
+        )
         if created:
             # Built from what the create wrote: nothing to read back. Its stored
             # state (active or scheduled, by the database clock of this create)
             # is its derived state at this instant.
             return Response(reservation_payload(reservation, state=reservation.state), status=201)
-        return _reservation_response(body.tenant_id, reservation.pk)
+        return _reservation_response(resolved.request.tenant_id, reservation.pk)
 
     @rpc_action("get", request=ReservationRefInput, response=ReservationOutput, summary="One reservation")
     def get_reservation(self, request: Request) -> Response:
@@ -158,15 +162,13 @@ class PreviewViewSet(RpcViewSet):
             "The reservations.create input, validated the same way. Nothing is written and no quota is "
             "checked. Up to 10 ranked candidates; with `gang` the members of the best gang; with "
             "`binding: node` the whole nodes. `preemptible` gives how many spot reservations a regular "
-            "request would displace and when it would start, never their ids. Decided on the pool."
+            "request would displace and when it would start, never their ids. Decided on the pool; "
+            "NOT_FOUND for a `projectId` that is not the tenant's, INVALID_INPUT for a device class or "
+            "`sharing` the pool's sharing mode never serves, as `reservations/create` answers."
         ),
     )
     def preview(self, request: Request) -> Response:
-        body = parse_reservation_request(request.data)
-        pool = decide_pool(
-            principal=principal_of(request),
-            tenant_id=body.tenant_id,
-            pool_id=body.pool_id,
-            permission=CAPACITY_READ,
+        resolved = reservation_request_resolve(
+            principal=principal_of(request), data=request.data, permission=CAPACITY_READ
         )
-        return rpc_output(PreviewOutput, capacity_preview(request=body, pool=pool))
+        return rpc_output(PreviewOutput, capacity_preview(request=resolved.request, pool=resolved.pool))

@@ -25,7 +25,13 @@ from core.clock import compute_now, to_millis
 from core.models import Tenant
 from inventory.models import Node, Pool, Project
 from tests.conftest import ClientFor
-from tests.factories import DeviceFactory, NodeFactory, NodeResourceFactory, PoolFactory, ProjectFactory
+from tests.support.factories import (
+    DeviceFactory,
+    NodeFactory,
+    NodeResourceFactory,
+    PoolFactory,
+    ProjectFactory,
+)
 
 FITS = "fits"
 NO_FIT = "no fit"

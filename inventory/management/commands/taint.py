@@ -4,42 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandParser
 
-from core.errors import DomainError
-from inventory.management.commands.cordon import cli_actor
-from inventory.models import TaintEffect
+from inventory.management.commands._node_command import NodeCommand
+from inventory.models import Node, TaintEffect
 from inventory.operations import node_taint
-from inventory.selectors import node_find
 
 
-class Command(BaseCommand):
+class Command(NodeCommand):
     help = "Taint a node; a NoSchedule taint makes it unschedulable."
+    changed = "tainted {key}={value}:{effect} ({node.noschedule_taints} NoSchedule)"
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("node", help="node id or hostname")
+    def add_action_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("key")
         parser.add_argument("--value", default="")
         parser.add_argument("--effect", required=True, choices=TaintEffect.values)
-        parser.add_argument("--reason", default="")
-        parser.add_argument("--actor", help="who, for the audit trail (default: cli:<user>)")
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            node = node_find(ref=options["node"])
-            node = node_taint(
-                node=node,
-                key=options["key"],
-                value=options["value"],
-                effect=options["effect"],
-                reason=options["reason"],
-                actor=cli_actor(options["actor"]),
-            )
-        except DomainError as exc:
-            raise CommandError(exc.message) from exc
-        self.stdout.write(
-            self.style.SUCCESS(
-                f"{node.hostname} ({node.pk}) tainted {options['key']}={options['value']}:{options['effect']}"
-                f" ({node.noschedule_taints} NoSchedule)"
-            )
+    def act(self, node: Node, options: dict[str, Any], *, actor: str) -> Node:
+        return node_taint(
+            node=node,
+            key=options["key"],
+            value=options["value"],
+            effect=options["effect"],
+            reason=options["reason"],
+            actor=actor,
         )

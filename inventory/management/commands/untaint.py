@@ -4,34 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandParser
 
-from core.errors import DomainError
-from inventory.management.commands.cordon import cli_actor
-from inventory.models import Taint
+from inventory.management.commands._node_command import NodeCommand
+from inventory.models import Node, Taint
 from inventory.operations import node_untaint
-from inventory.selectors import node_find
 
 
-class Command(BaseCommand):
+class Command(NodeCommand):
     help = "Remove a taint from a node."
+    changed = "untainted {key}"
+    unchanged = "has no taint {key!r}"
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("node", help="node id or hostname")
+    def add_action_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("key")
-        parser.add_argument("--reason", default="")
-        parser.add_argument("--actor", help="who, for the audit trail (default: cli:<user>)")
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            node = node_find(ref=options["node"])
-            had = Taint.objects.filter(node=node, key=options["key"]).exists()
-            node = node_untaint(
-                node=node, key=options["key"], reason=options["reason"], actor=cli_actor(options["actor"])
-            )
-        except DomainError as exc:
-            raise CommandError(exc.message) from exc
-        if not had:
-            self.stdout.write(f"{node.hostname} ({node.pk}) has no taint {options['key']!r}")
-        else:
-            self.stdout.write(self.style.SUCCESS(f"{node.hostname} ({node.pk}) untainted {options['key']}"))
+    def will_change(self, node: Node, options: dict[str, Any]) -> bool:
+        return Taint.objects.filter(node=node, key=options["key"]).exists()
+
+    def act(self, node: Node, options: dict[str, Any], *, actor: str) -> Node:
+        return node_untaint(node=node, key=options["key"], reason=options["reason"], actor=actor)

@@ -1,0 +1,264 @@
+"""The torture tests: 1,000 interleaved and 1,000 concurrent operations, then every invariant.
+
+The mix (`tests.support.torture.ops`) is reservations (create, release) against
+cordons, uncordons, taints, untaints, maintenance and `healthy` flips, on a
+small fleet where most creates fight for the last atoms of some node. After
+each run the checks in `tests.support.torture.checks` recount everything from the
+rows, and `tests.support.torture.commitlog` judges every committed booking against
+the node and atom states that committed before it.
+
+Seeds and counts are arguments: `SOAK=1` (`make soak`) runs ten times the
+operations with the same code, `TORTURE_SEED` picks another schedule.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from tests.support.clock import now_ms
+from tests.support.threads import Dealer, threads_run
+from tests.support.torture.checks import check_rollups_match_rebuild, invariant_problems
+from tests.support.torture.commitlog import LogSummary, commitlog_check
+from tests.support.torture.fleet import Fleet, fleet_restore
+from tests.support.torture.ops import Ledger, Op, Tally, op_run_http, op_run_service, ops_generate
+from tests.support.torture.scale import JOIN_SECONDS, SCALE, SEED
+from tests.support.torture.servers import ServerGroup, http_tokens
+from tests.support.torture.stepper import Stepper
+
+INTERLEAVED_OPERATIONS = 1_000 * SCALE
+INTERLEAVED_SESSIONS = 6
+CONCURRENT_OPERATIONS = 1_000 * SCALE
+CONCURRENT_THREADS = 16
+HTTP_OPERATIONS = 2_000 * SCALE
+HTTP_CLIENTS = 16
+
+
+def verify_run(fleet: Fleet, tally: Tally, *, operations: int) -> LogSummary:
+    """Every check of the brief, in an order where none disturbs the next; returns the log's summary."""
+    assert tally.total == operations, tally.counts
+    assert not tally.failures, tally.failures[:10]
+    # The run must have contested something, or it proves nothing.
+    assert tally.counts["created"] > 0 and tally.counts["released"] > 0 and tally.counts["node-op"] > 0
+    assert tally.counts["no-capacity"] + tally.counts["quota"] > 0, tally.counts
+    problems = invariant_problems()
+    log = commitlog_check()
+    problems.extend(log.violations)
+    assert log.bookings > 0 and log.state_changes > 0
+    fleet_restore(fleet)
+    problems.extend(check_rollups_match_rebuild())
+    assert not problems, "\n".join(problems[:20])
+    return log
+
+
+def run_interleaved(fleet: Fleet, *, seed: int, operations: int, sessions: int) -> tuple[Tally, Stepper]:
+    """Deal the seeded schedule to `sessions` open transactions and step them statement by statement."""
+    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=now_ms(), key_prefix="il")
+    ledger = Ledger()
+    tally = Tally()
+
+    def bind(op: Op) -> Any:
+        def run() -> str:
+            outcome = op_run_service(op, ledger)
+            tally.record(op, outcome)
+            return outcome
+
+        return run
+
+    dealt: list[list[Any]] = [[] for _ in range(sessions)]
+    for index, op in enumerate(ops):
+        dealt[index % sessions].append(bind(op))
+    stepper = Stepper(seed=seed, sessions=dealt)
+    outcomes = stepper.run()
+    # An exception inside an operation is an outcome the tally never saw.
+    errors = [o for o in outcomes if o.startswith("error:")]
+    tally.failures.extend(errors)
+    return tally, stepper
+
+
+def run_concurrent_service(fleet: Fleet, *, seed: int, operations: int, threads: int) -> Tally:
+    """`threads` threads, each with its own connection, take the seeded operations from one queue."""
+    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=now_ms(), key_prefix="cc")
+    ledger = Ledger()
+    tally = Tally()
+    queue = Dealer(ops)
+    start = threading.Barrier(threads)
+
+    def worker() -> None:
+        try:
+            start.wait(JOIN_SECONDS)
+            while (op := queue.next()) is not None:
+                try:
+                    outcome = op_run_service(op, ledger)
+                except Exception as exc:  # every unexpected exception fails the run
+                    outcome = f"error: {type(exc).__name__}: {exc}"
+                tally.record(op, outcome)
+        finally:
+            connections.close_all()
+
+    threads_run(worker, threads, seconds=JOIN_SECONDS)
+    return tally
+
+
+def run_concurrent_http(
+    fleet: Fleet, servers: ServerGroup, *, seed: int, operations: int, clients: int
+) -> Tally:
+    """`clients` threads send the seeded operations to the server processes, alternating between them."""
+    tokens = http_tokens(fleet)
+    ops = ops_generate(fleet=fleet, seed=seed, count=operations, now_ms=now_ms(), key_prefix="http")
+    ledger = Ledger()
+    tally = Tally()
+    queue = Dealer(enumerate(ops))
+
+    def worker() -> None:
+        while (item := queue.next()) is not None:
+            index, op = item
+            base_url = servers.urls[index % len(servers.urls)]
+            try:
+                outcome = op_run_http(op, ledger, base_url=base_url, tokens=tokens)
+            except Exception as exc:  # a dropped connection or a timeout fails the run
+                outcome = f"error: {type(exc).__name__}: {exc}"
+            tally.record(op, outcome)
+
+    threads_run(worker, clients, seconds=JOIN_SECONDS)
+    return tally
+
+
+@pytest.mark.slow
+def test_interleaved_operations_keep_every_invariant(fleet: Fleet) -> None:
+    tally, stepper = run_interleaved(
+        fleet, seed=SEED, operations=INTERLEAVED_OPERATIONS, sessions=INTERLEAVED_SESSIONS
+    )
+    # The schedule really interleaved: sessions waited on each other's locks mid-transaction.
+    assert stepper.steps > INTERLEAVED_OPERATIONS and stepper.lock_waits > 0
+    log = verify_run(fleet, tally, operations=INTERLEAVED_OPERATIONS)
+    print(
+        f"\ninterleaved: {dict(tally.counts)}, {stepper.steps} statements stepped,"
+        f" {stepper.lock_waits} lock waits, {log.bookings} bookings judged against"
+        f" {log.state_changes} changes"
+    )
+
+
+@pytest.mark.slow
+def test_concurrent_operations_through_the_services_keep_every_invariant(fleet: Fleet) -> None:
+    tally = run_concurrent_service(
+        fleet, seed=SEED + 1, operations=CONCURRENT_OPERATIONS, threads=CONCURRENT_THREADS
+    )
+    log = verify_run(fleet, tally, operations=CONCURRENT_OPERATIONS)
+    print(
+        f"\nconcurrent: {dict(tally.counts)}, {log.bookings} bookings judged against"
+        f" {log.state_changes} changes"
+    )
+
+
+@pytest.mark.slow
+def test_concurrent_operations_through_two_server_processes_keep_every_invariant(fleet: Fleet) -> None:
+    with ServerGroup.start(count=2) as servers:
+        tally = run_concurrent_http(
+            fleet, servers, seed=SEED + 2, operations=HTTP_OPERATIONS, clients=HTTP_CLIENTS
+        )
+        assert servers.all_alive(), "a server process died under load"
+    log = verify_run(fleet, tally, operations=HTTP_OPERATIONS)
+    print(f"\nhttp: {dict(tally.counts)}, {log.bookings} bookings judged against {log.state_changes} changes")
+
+
+# --- The checks catch what they are for: each broken on purpose -------------------------------
+
+
+def _one_gpu_reservation(fleet: Fleet, key: str) -> Any:
+    from reservations.request import parse_reservation_request
+    from reservations.services import reservation_create
+
+    pool_id, tenant_id = fleet.bookers[0]
+    body = {
+        "tenantId": tenant_id,
+        "poolId": pool_id,
+        "devices": [{"class": "gpu", "count": 1}],
+        "duration": "1h",
+        "idempotencyKey": key,
+        "resources": {"vcpu": 2},
+    }
+    reservation, _ = reservation_create(request=parse_reservation_request(body), actor="test")
+    return reservation
+
+
+def test_the_commit_log_catches_a_placer_that_skips_the_node_lock(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guard 4 broken on purpose: the placer no longer re-checks the node under its lock."""
+    from inventory.models import Node
+    from inventory.operations import node_cordon
+    from reservations.placer import commit, filters
+
+    for node in Node.objects.filter(pk__in=fleet.node_ids):
+        node_cordon(node=node, reason="test", actor="test")
+    monkeypatch.setattr(commit, "_lock_node", lambda **_: True)
+    # The plan reads the predicate too; make it blind as well, as a stale plan would be.
+    monkeypatch.setattr(filters, "schedulable_sql", lambda *a, **k: "true")
+    _one_gpu_reservation(fleet, "broken-guard-4")
+    violations = commitlog_check().violations
+    assert len(violations) == 1 and "the node was unschedulable" in violations[0]
+
+
+def test_the_checks_catch_forged_counters_quota_rollups_and_half_written_reservations(fleet: Fleet) -> None:
+    from django.db import connection
+
+    reservation = _one_gpu_reservation(fleet, "forged")
+    assert invariant_problems() == []
+    forgeries = [
+        (
+            "UPDATE inventory_noderesource SET allocated = allocated + 1 WHERE allocated > 0",
+            "vcpu: allocated",
+        ),
+        ("UPDATE quota_usage SET used = used + 1 WHERE resource = 'gpu'", "quota"),
+        (
+            "DELETE FROM fake_daemon_assignments WHERE reservation_id = %s",
+            "the node does not hold",
+        ),
+        (
+            "DELETE FROM device_bookings WHERE allocation_id IN"
+            " (SELECT id FROM reservations_allocation WHERE reservation_id = %s)",
+            "bookings for 1 atoms asked",
+        ),
+    ]
+    for sql, expected_text in forgeries:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [reservation.pk] if "%s" in sql else None)
+        assert any(expected_text in p for p in invariant_problems()), (sql, invariant_problems())
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pool_capacity_rollup SET reserved = reserved + 3 WHERE resource = 'gpu'")
+    assert check_rollups_match_rebuild()
+
+
+def test_a_create_delivered_before_the_release_news_reaches_the_node_is_accepted(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the HTTP run found: release commits, a create books the atom and delivers first."""
+    from inventory.models import Node
+    from inventory.operations import node_cordon
+    from reservations import services
+    from reservations.models import Reservation
+    from reservations.services import reservation_release
+
+    # One schedulable node with its GPUs: the second reservation must reuse the first's atom.
+    for node in Node.objects.filter(pk__in=fleet.node_ids[1:]):
+        node_cordon(node=node, reason="test", actor="test")
+    first = _one_gpu_reservation(fleet, "first")
+    late: list[str] = []
+    monkeypatch.setattr(services, "daemon_shorten", lambda *, reservation_id: late.append(reservation_id))
+    reservation_release(reservation=first, actor="test")
+    monkeypatch.undo()
+    assert late == [first.pk]  # the node has not heard of the release yet
+    for index in range(4):  # every GPU of the node, the released one included
+        second = _one_gpu_reservation(fleet, f"second-{index}")
+        assert Reservation.objects.get(pk=second.pk).state == "active", second.release_reason
+    assert check_daemon_refusals() == []
+
+
+def check_daemon_refusals() -> list[str]:
+    from tests.support.torture.checks import check_daemon
+
+    return check_daemon(require_delivery=True)

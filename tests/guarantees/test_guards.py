@@ -1,0 +1,498 @@
+"""The six guards, each attacked with real connections in threads.
+
+Interleavings are made deterministic with hooks in the commit
+(`reservations.placer.commit.HOOKS`) and events: a placement is held open at
+a known point while another transaction acts, and a transaction that must be
+waiting on a row lock is observed in `pg_stat_activity` before the test
+moves on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
+
+from core.clock import compute_now
+from core.errors import NoCapacity, QuotaExceeded
+from inventory.models import Device, Node, NodeResource, Pool
+from ledger.models import QuotaUsage
+from reservations.daemon import daemon_holdings
+from reservations.models import DeviceBooking, Reservation
+from reservations.placer import commit
+from reservations.services import reservation_create
+from tests.support.factories import (
+    AllocationFactory,
+    DeviceFactory,
+    NodeFactory,
+    NodeResourceFactory,
+    PoolFactory,
+    QuotaUsageFactory,
+)
+from tests.support.placement import gpu_request
+from tests.support.threads import JOIN_SECONDS, Worker, wait_until_blocked_on_lock
+
+
+@pytest.fixture
+def hooks() -> Iterator[list[Callable[[str, str], None]]]:
+    commit.HOOKS.clear()
+    yield commit.HOOKS
+    commit.HOOKS.clear()
+
+
+def one_node(pool: Pool, gpus: int, **fields: Any) -> Node:
+    node = NodeFactory(pool=pool, **fields)
+    for index in range(gpus):
+        DeviceFactory(node=node, uid=f"GPU-{node.id}-{index}")
+    return node
+
+
+def attempt(request: Any) -> Callable[[], Any]:
+    def run() -> Any:
+        try:
+            return reservation_create(request=request, actor="test")
+        except (NoCapacity, QuotaExceeded) as exc:
+            return exc
+
+    return run
+
+
+def assert_no_overlapping_bookings() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM device_bookings a JOIN device_bookings b"
+            " ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during"
+        )
+        assert cursor.fetchone()[0] == 0
+
+
+# --- Guard 1: device-time exclusivity ---------------------------------------------
+
+
+@pytest.mark.django_db
+def test_guard1_the_database_refuses_a_forged_overlapping_booking() -> None:
+    device = DeviceFactory()
+    allocation = AllocationFactory()
+    now = compute_now()
+    DeviceBooking.objects.create(
+        device=device, allocation=allocation, during=DateTimeTZRange(now, now + timedelta(hours=1))
+    )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        DeviceBooking.objects.create(
+            device=device,
+            allocation=allocation,
+            during=DateTimeTZRange(now + timedelta(minutes=30), now + timedelta(hours=2)),
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard1_two_placements_racing_for_the_last_atoms_one_wins_the_other_replans(
+    hooks: list[Callable[[str, str], None]],
+) -> None:
+    pool = PoolFactory()
+    first = one_node(pool, 2)
+    second = one_node(pool, 2)
+    # Both placements plan before either books: each has chosen the same best node.
+    both_planned = threading.Barrier(2)
+    seen: set[int] = set()
+
+    def rendezvous(point: str, node_id: str) -> None:
+        if point == "before_node_lock" and threading.get_ident() not in seen:
+            seen.add(threading.get_ident())
+            both_planned.wait(JOIN_SECONDS)
+
+    hooks.append(rendezvous)
+    workers = [Worker(attempt(gpu_request(pool, 2))) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    results = [worker.finish() for worker in workers]
+    assert all(isinstance(r, tuple) and r[1] for r in results), results
+    nodes = {Reservation.objects.get(pk=r[0].pk).allocations.get().node_id for r in results}
+    # The loser's booking INSERT came back short; it rolled back its savepoint and replanned.
+    assert nodes == {first.id, second.id}
+    assert_no_overlapping_bookings()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard1_the_loser_gets_no_capacity_when_nothing_is_left(
+    hooks: list[Callable[[str, str], None]],
+) -> None:
+    pool = PoolFactory()
+    one_node(pool, 2)
+    both_planned = threading.Barrier(2)
+    seen: set[int] = set()
+
+    def rendezvous(point: str, node_id: str) -> None:
+        if point == "before_node_lock" and threading.get_ident() not in seen:
+            seen.add(threading.get_ident())
+            both_planned.wait(JOIN_SECONDS)
+
+    hooks.append(rendezvous)
+    workers = [Worker(attempt(gpu_request(pool, 2))) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    results = [worker.finish() for worker in workers]
+    assert sum(isinstance(r, tuple) for r in results) == 1
+    assert sum(isinstance(r, NoCapacity) for r in results) == 1
+    assert DeviceBooking.objects.count() == 2
+    assert_no_overlapping_bookings()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard1_many_concurrent_creates_never_double_book() -> None:
+    pool = PoolFactory()
+    for _ in range(3):
+        one_node(pool, 4)
+    start = threading.Barrier(8)
+
+    def run() -> Any:
+        start.wait(JOIN_SECONDS)
+        return attempt(gpu_request(pool, 2))()
+
+    workers = [Worker(run) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    results = [worker.finish() for worker in workers]
+    assert sum(isinstance(r, tuple) for r in results) == 6  # 12 GPUs, 2 each
+    assert sum(isinstance(r, NoCapacity) for r in results) == 2
+    assert DeviceBooking.objects.count() == 12
+    assert_no_overlapping_bookings()
+
+
+# --- Guard 2: the atom rule -------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_guard2_a_partitioned_parent_is_never_offered_and_a_layout_change_blocks_its_atoms() -> None:
+    pool = PoolFactory(sharing="mig")
+    node = NodeFactory(pool=pool)
+    parent = DeviceFactory(node=node, uid="GPU-parent", bookable=False)
+    children = [
+        DeviceFactory(
+            node=node, uid=f"GPU-parent/gi{g}/ci0", device_class="gpu.mig", parent=parent, attributes={}
+        )
+        for g in range(2)
+    ]
+    now = compute_now()
+    window = DateTimeTZRange(now, now + timedelta(minutes=10))
+    for device in [parent, *children]:
+        DeviceBooking.objects.create(device=device, allocation=None, purpose="layout-change", during=window)
+    with pytest.raises(NoCapacity):
+        reservation_create(request=gpu_request(pool, 1, device_class="gpu.mig"), actor="t")
+    later = now + timedelta(minutes=10)
+    reservation, _ = reservation_create(
+        request=gpu_request(pool, 2, device_class="gpu.mig", start_ms=int(later.timestamp() * 1000) + 1000),
+        actor="t",
+    )
+    booked = set(
+        DeviceBooking.objects.filter(allocation__reservation=reservation).values_list("device_id", flat=True)
+    )
+    assert parent.id not in booked and booked == {c.id for c in children}
+
+
+# --- Guard 3: guarded scalar counters ----------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard3_scalar_claims_never_exceed_allocatable_times_ratio_under_concurrency() -> None:
+    pool = PoolFactory()
+    node = one_node(pool, 8)
+    NodeResourceFactory(node=node, resource="vcpu", allocatable=10)
+    start = threading.Barrier(5)
+
+    def run() -> Any:
+        start.wait(JOIN_SECONDS)
+        return attempt(gpu_request(pool, 1, resources={"vcpu": 4}))()
+
+    workers = [Worker(run) for _ in range(5)]
+    for worker in workers:
+        worker.start()
+    results = [worker.finish() for worker in workers]
+    assert sum(isinstance(r, tuple) for r in results) == 2
+    assert sum(isinstance(r, NoCapacity) for r in results) == 3
+    assert NodeResource.objects.get(node=node).allocated == 8
+    assert_no_overlapping_bookings()
+
+
+# --- Guard 4: linearizable eligibility ----------------------------------------------------
+
+
+def _cordon(node: Node) -> None:
+    Node.objects.filter(pk=node.pk).update(cordoned=True, cordon_reason="test")
+
+
+def _taint(node: Node) -> None:
+    Node.objects.filter(pk=node.pk).update(noschedule_taints=1)
+
+
+def _maintenance(node: Node) -> None:
+    Node.objects.filter(pk=node.pk).update(maintenance=True)
+
+
+def _unhealthy(node: Node) -> None:
+    Device.objects.filter(node=node).update(healthy=False)
+
+
+def _disconnect(node: Node) -> None:
+    Node.objects.filter(pk=node.pk).update(connectivity="disconnected")
+
+
+FLIPS = {
+    "cordon": _cordon,
+    "taint": _taint,
+    "maintenance": _maintenance,
+    "health": _unhealthy,
+    "liveness": _disconnect,
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("flip", sorted(FLIPS))
+def test_guard4_a_flip_that_commits_first_is_seen_by_the_placement(flip: str) -> None:
+    pool = PoolFactory()
+    node = one_node(pool, 2)
+    flipped = threading.Event()
+    go_commit = threading.Event()
+
+    def operator() -> None:
+        with transaction.atomic():
+            FLIPS[flip](node)
+            flipped.set()
+            assert go_commit.wait(JOIN_SECONDS)
+
+    op = Worker(operator)
+    op.start()
+    assert flipped.wait(JOIN_SECONDS)
+    # The placement plans on the old snapshot (the flip is not committed yet),
+    # then its FOR SHARE lock waits for the operator's row lock.
+    placer = Worker(attempt(gpu_request(pool, 1)))
+    placer.start()
+    wait_until_blocked_on_lock(placer)
+    go_commit.set()
+    op.finish()
+    assert op.error is None
+    result = placer.finish()
+    # Re-checked under the lock, the node (or atom) is no longer eligible: no booking.
+    assert isinstance(result, NoCapacity), result
+    assert DeviceBooking.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("flip", sorted(FLIPS))
+def test_guard4_a_flip_that_commits_second_sees_the_placement(
+    flip: str, hooks: list[Callable[[str, str], None]]
+) -> None:
+    pool = PoolFactory()
+    node = one_node(pool, 2)
+    locked = threading.Event()
+    go_on = threading.Event()
+
+    def hold(point: str, node_id: str) -> None:
+        if point == "after_locks":
+            locked.set()
+            assert go_on.wait(JOIN_SECONDS)
+
+    hooks.append(hold)
+    placer = Worker(attempt(gpu_request(pool, 1)))
+    placer.start()
+    assert locked.wait(JOIN_SECONDS)
+    hooks.clear()
+    seen_by_operator: dict[str, int] = {}
+
+    def operator() -> None:
+        with transaction.atomic():
+            FLIPS[flip](node)  # waits for the placement's FOR SHARE lock
+            seen_by_operator["bookings"] = DeviceBooking.objects.filter(device__node=node).count()
+
+    op = Worker(operator)
+    op.start()
+    wait_until_blocked_on_lock(op)
+    go_on.set()
+    result = placer.finish()
+    assert isinstance(result, tuple) and result[1], result
+    op.finish()
+    assert op.error is None
+    # The operator's write committed second and saw the booking made first.
+    assert seen_by_operator["bookings"] == 1
+
+
+# --- Guard 5: quota ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard5_quota_is_never_exceeded_under_concurrency() -> None:
+    pool = PoolFactory()
+    one_node(pool, 8)
+    QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=3)
+    start = threading.Barrier(5)
+
+    def run() -> Any:
+        start.wait(JOIN_SECONDS)
+        return attempt(gpu_request(pool, 1))()
+
+    workers = [Worker(run) for _ in range(5)]
+    for worker in workers:
+        worker.start()
+    results = [worker.finish() for worker in workers]
+    assert sum(isinstance(r, tuple) for r in results) == 3
+    assert sum(isinstance(r, QuotaExceeded) for r in results) == 2
+    assert QuotaUsage.objects.get(pool=pool).used == 3
+    assert DeviceBooking.objects.count() == 3
+    assert_no_overlapping_bookings()
+
+
+@pytest.mark.django_db
+def test_guard5_no_quota_row_means_unlimited_and_a_release_gives_back() -> None:
+    pool = PoolFactory()
+    one_node(pool, 4)
+    reservation_create(request=gpu_request(pool, 4), actor="t")
+    assert not QuotaUsage.objects.exists()
+
+
+# --- Guard 6: the node refuses an overlapping assignment ---------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard6_the_fake_daemon_refuses_a_forged_overlap_and_the_reservation_is_released() -> None:
+    pool = PoolFactory()
+    node = one_node(pool, 1)
+    device = Device.objects.get(node=node)
+    now = compute_now()
+    # The node already believes it runs something on this GPU (a forged, stale assignment).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO fake_daemon_assignments"
+            " (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)"
+            " VALUES (%s, %s, 'rsv_forged', 'alloc_forged', %s, %s)",
+            [node.id, device.uid, now - timedelta(hours=1), now + timedelta(days=1)],
+        )
+    reservation, created = reservation_create(request=gpu_request(pool, 1), actor="t")
+    assert created
+    reservation.refresh_from_db()
+    assert reservation.state == "released"
+    assert reservation.release_reason.startswith("AllocationFailed")
+    holders = {holder for holder, _, _ in daemon_holdings(device_uid=device.uid)}
+    assert holders == {"rsv_forged"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard6_the_daemon_accepts_what_the_database_accepted() -> None:
+    pool = PoolFactory()
+    node = one_node(pool, 2)
+    reservation, _ = reservation_create(request=gpu_request(pool, 2), actor="t")
+    reservation.refresh_from_db()
+    assert reservation.state == "active"
+    for device in Device.objects.filter(node=node):
+        assert [holder for holder, _, _ in daemon_holdings(device_uid=device.uid)] == [reservation.id]
+
+
+# --- Idempotency under a race ------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_identical_creates_racing_make_one_reservation() -> None:
+    pool = PoolFactory()
+    one_node(pool, 8)
+    request = gpu_request(pool, 1, idempotency_key="race")
+    start = threading.Barrier(2)
+
+    def run() -> Any:
+        start.wait(JOIN_SECONDS)
+        return reservation_create(request=request, actor="t")
+
+    workers = [Worker(run) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    results = [worker.finish() for worker in workers]
+    assert all(w.error is None for w in workers), [w.error for w in workers]
+    assert len({r[0].pk for r in results}) == 1
+    assert sorted(r[1] for r in results) == [False, True]
+    assert Reservation.objects.count() == 1 and DeviceBooking.objects.count() == 1
+
+
+# --- Everything at once: invariants after a concurrent mix -------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_concurrent_mix_of_creates_and_releases_keeps_every_invariant() -> None:
+    import random
+
+    from capacity.rollups import rollup_rebuild
+    from ledger.models import PoolCapacityRollup
+    from reservations.services import reservation_release
+
+    pool = PoolFactory()
+    for _ in range(3):
+        node = one_node(pool, 4)
+        NodeResourceFactory(node=node, resource="vcpu", allocatable=12)
+    QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=9)
+    later = int((compute_now() + timedelta(hours=2)).timestamp() * 1000)
+    start = threading.Barrier(4)
+
+    def client(seed: int) -> None:
+        rng = random.Random(seed)  # a fixed mix per worker
+        mine: list[Reservation] = []
+        start.wait(JOIN_SECONDS)
+        for _ in range(12):
+            if mine and rng.random() < 0.4:
+                reservation_release(reservation=mine.pop(rng.randrange(len(mine))), actor="mix")
+                continue
+            fields: dict[str, Any] = {"resources": {"vcpu": rng.choice([0, 2, 4])}}
+            if rng.random() < 0.3:
+                fields["start_ms"] = later
+            result = attempt(gpu_request(pool, rng.choice([1, 2, 3]), **fields))()
+            if isinstance(result, tuple):
+                mine.append(result[0])
+
+    workers = [Worker(lambda seed=seed: client(seed)) for seed in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.finish()
+        assert worker.error is None, worker.error
+
+    assert_no_overlapping_bookings()
+    live = Reservation.objects.filter(state__in=["active", "scheduled"])
+    # Guard 3: each node's claimed scalars are exactly its live allocations' claims.
+    for node_resource in NodeResource.objects.all():
+        claimed = sum(
+            int(a.resources.get("vcpu", 0))
+            for r in live
+            for a in r.allocations.filter(node_id=node_resource.node_id)
+        )
+        assert node_resource.allocated == claimed
+    # Guard 5: the quota counts exactly the live reservations' GPUs.
+    used = QuotaUsage.objects.get(pool=pool).used
+    assert used == DeviceBooking.objects.filter(allocation__reservation__in=live).count() <= 9
+    # The booking-transaction deltas agree with a rebuild from scratch.
+    before = {r.resource: (r.allocated, r.reserved) for r in PoolCapacityRollup.objects.filter(pool=pool)}
+    rollup_rebuild(pool_id=pool.id)
+    after = {r.resource: (r.allocated, r.reserved) for r in PoolCapacityRollup.objects.filter(pool=pool)}
+    for resource in ("gpu", "vcpu"):
+        assert before.get(resource, (0, 0)) == after.get(resource, (0, 0)), resource
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard6_a_delivery_lost_after_commit_is_caught_up_by_the_reconciler_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from reservations import services
+    from reservations.services import reservations_reconcile
+
+    pool = PoolFactory()
+    node = one_node(pool, 2)
+    original = services.daemon_deliver
+    monkeypatch.setattr(services, "daemon_deliver", lambda *, reservation_id: None)  # the node never heard
+    reservation, _ = reservation_create(request=gpu_request(pool, 2), actor="t")
+    uids = list(Device.objects.filter(node=node).values_list("uid", flat=True))
+    assert all(daemon_holdings(device_uid=uid) == [] for uid in uids)
+    monkeypatch.setattr(services, "daemon_deliver", original)
+    reservations_reconcile()
+    reservations_reconcile()  # a second pass finds nothing left to add
+    for uid in uids:
+        assert [holder for holder, _, _ in daemon_holdings(device_uid=uid)] == [reservation.id]

@@ -1,0 +1,375 @@
+"""Hostile input: schemathesis against the published schema, property tests of every parser, and bad bodies.
+
+What must hold whatever a client sends: no 5xx, every error in the contract's
+envelope, every answer JSON (so nothing a client sent can be rendered as a
+page), and every parser either answers or raises its own documented error,
+never anything else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import schemathesis
+from django.conf import settings as django_settings
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rest_framework.test import APIClient
+
+from config.wsgi import application
+from core.durations import DurationError, format_duration, parse_duration
+from core.errors import InvalidInput
+from core.services import token_issue
+from inventory.reports import report_parse
+from reservations.selectors_parse import (
+    SelectorSyntaxError,
+    normalize_selector,
+    parse_cli_selector,
+    selector_to_api,
+    selector_to_cli,
+)
+from tests.support.api import bearer_client, post, post_raw
+from tests.support.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
+
+ERROR_CODES = {
+    "INVALID_INPUT",
+    "UNAUTHENTICATED",
+    "PERMISSION_DENIED",
+    "NOT_FOUND",
+    "CONFLICT",
+    "NO_CAPACITY",
+    "QUOTA_EXCEEDED",
+    "INTERNAL",
+}
+MARKUP = "<script>alert(1)</script>"
+EXAMPLES = 20
+
+schema = schemathesis.openapi.from_wsgi("/api/schema/", application)
+
+
+def assert_contract_answer(status: int, content_type: str, raw: bytes) -> Any:
+    """No 5xx; JSON; an error is exactly the envelope; no markup a browser could run."""
+    assert status < 500, raw[:500]
+    assert content_type.split(";")[0].strip() == "application/json", content_type
+    body = json.loads(raw)
+    if status >= 400:
+        assert set(body) == {"error"}, body
+        error = body["error"]
+        assert set(error) == {"code", "message", "details"}, body
+        assert error["code"] in ERROR_CODES and isinstance(error["message"], str)
+        assert all(isinstance(d, dict) and "field" in d and "message" in d for d in error["details"]), body
+    # Whatever the client sent is never echoed as live markup, even under a wrong content type.
+    assert b"<script" not in raw.lower() and b"</script" not in raw.lower(), raw[:500]
+    return body
+
+
+@pytest.fixture
+def in_process_requests() -> Iterator[None]:
+    """Keep the test's connection (and transaction) across WSGI calls, as Django's test client does.
+
+    Django closes database connections when a request finishes; schemathesis
+    calls the WSGI application directly, so that would close the connection
+    the test's transaction lives on.
+    """
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def personas(db: Any, in_process_requests: None) -> dict[str, str | None]:
+    """Tokens for schemathesis's calls, and a world where generated ids sometimes hit something."""
+    acme = TenantFactory(id="acme")
+    pool = PoolFactory(owner=acme)
+    OfferingFactory(pool=pool, tenant=TenantFactory(id="beta"))
+    node = NodeFactory(pool=pool)
+    for _ in range(2):
+        DeviceFactory(node=node)
+    return {
+        "operator": token_issue(tenant_id=None, role="operator", name="fuzz operator")[1],
+        "member": token_issue(tenant_id="acme", role="member", name="fuzz member")[1],
+        "none": None,
+    }
+
+
+@schema.parametrize()
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+    ],
+)
+@pytest.mark.django_db
+@pytest.mark.parametrize("credential", ["operator", "member", "none"])
+def test_every_method_answers_in_the_envelope_and_never_5xx(
+    case: Any, personas: dict[str, str | None], credential: str
+) -> None:
+    token = personas[credential]
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = case.call(headers=headers)
+    content_type = next((v for k, v in response.headers.items() if k.lower() == "content-type"), "")
+    if isinstance(content_type, list):
+        content_type = ",".join(content_type)
+    assert_contract_answer(response.status_code, content_type, response.content)
+    if token is None and case.path.startswith("/api/compute/"):
+        assert response.status_code == 401
+
+
+# --- Bodies that are not what the contract asks for ----------------------------------------
+
+
+@pytest.fixture
+def member(db: Any) -> APIClient:
+    TenantFactory(id="acme")
+    return bearer_client(token_issue(tenant_id="acme", role="member")[1])
+
+
+def post_summary(client: APIClient, body: bytes | str, content_type: str = "application/json") -> Any:
+    """A raw body to `capacity/summary`; its status and its answer, checked against the contract."""
+    response = post_raw(client, "capacity/summary", body, content_type)
+    body_json = assert_contract_answer(response.status_code, response["Content-Type"], response.content)
+    return response.status_code, body_json
+
+
+def test_a_huge_body_is_refused_with_a_clear_error(member: APIClient) -> None:
+    limit = django_settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    huge = json.dumps({"tenantId": "acme", "padding": "x" * (limit + 1)})
+    status, body = post_summary(member, huge)
+    assert status == 400 and body["error"]["code"] == "INVALID_INPUT"
+    assert "too large" in body["error"]["message"] and body["error"]["details"][0]["field"] == "body"
+
+
+@pytest.mark.parametrize("depth", [64, 2_000, 200_000])
+def test_a_deeply_nested_body_is_invalid_input(member: APIClient, depth: int) -> None:
+    status, body = post_summary(member, '{"tenantId": "acme", "x": ' + "[" * depth + "]" * depth + "}")
+    assert status == 400 and body["error"]["code"] == "INVALID_INPUT"
+
+
+@pytest.mark.parametrize("depth", [64, 5_000])
+def test_a_deeply_nested_selector_is_invalid_input(member: APIClient, depth: int) -> None:
+    nested = '{"eq": ' * depth + "1" + "}" * depth
+    request = (
+        '{"tenantId": "acme", "poolId": "pool_' + "0" * 26 + '", "duration": "1h", "idempotencyKey": "k",'
+        ' "devices": [{"class": "gpu", "count": 1, "selector": {"vramGiB": ' + nested + "}}]}"
+    )
+    response = post_raw(member, "capacity/preview", request)
+    body = assert_contract_answer(response.status_code, response["Content-Type"], response.content)
+    assert response.status_code == 400 and body["error"]["code"] == "INVALID_INPUT"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"not json",
+        b"{",
+        b"[]",
+        b"null",
+        b"42",
+        b'"acme"',
+        b"\xff\xfe\x00",
+        b'{"tenantId": NaN}',
+        b'{"tenantId": "acme", "tenantId": "beta"}',
+        b"\x00" * 64,
+        '{"tenantId": "\ud800"}'.encode(errors="surrogatepass"),
+    ],
+)
+def test_a_body_that_is_not_a_json_object_is_invalid_input(member: APIClient, raw: bytes) -> None:
+    status, body = post_summary(member, raw)
+    # The duplicate key is valid JSON (last one wins) and names a tenant this token lacks.
+    assert status in (400, 403)
+    assert body["error"]["code"] in ("INVALID_INPUT", "PERMISSION_DENIED")
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/xml",
+        "",
+    ],
+)
+def test_a_body_of_the_wrong_content_type_is_invalid_input(member: APIClient, content_type: str) -> None:
+    status, body = post_summary(member, '{"tenantId": "acme"}', content_type=content_type)
+    assert status == 400 and body["error"]["code"] == "INVALID_INPUT"
+    assert "Content-Type" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "PATCH", "DELETE"])
+def test_other_http_methods_answer_in_the_envelope(member: APIClient, method: str) -> None:
+    response = member.generic(method, "/api/compute/capacity/summary", "{}", content_type="application/json")
+    assert_contract_answer(response.status_code, response["Content-Type"], response.content)
+    assert response.status_code in (400, 405)
+
+
+def test_markup_in_field_names_and_values_is_never_echoed_live(member: APIClient) -> None:
+    for body in (
+        {"tenantId": MARKUP},
+        {MARKUP: 1, "tenantId": "acme"},
+        {"tenantId": "acme", "poolId": MARKUP},
+    ):
+        post_summary(member, json.dumps(body))
+    request = {
+        "tenantId": "acme",
+        "poolId": "pool_" + "0" * 26,
+        "duration": MARKUP,
+        "idempotencyKey": "k",
+        "devices": [{"class": MARKUP, "count": 1, "selector": {MARKUP: {"eq": MARKUP}}}],
+    }
+    response = post(member, "capacity/preview", request)
+    assert_contract_answer(response.status_code, response["Content-Type"], response.content)
+
+
+def test_unknown_api_paths_answer_json_not_a_page(member: APIClient) -> None:
+    for path in ("/api/compute/capacity/nope", f"/api/{MARKUP}", "/api/compute/../../etc/passwd"):
+        response = member.post(path, {}, format="json")
+        assert response.status_code == 404
+        assert_contract_answer(response.status_code, response["Content-Type"], response.content)
+
+
+# --- Property tests of the parsers ---------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+props = settings(max_examples=300, deadline=None)
+
+
+@props
+@given(st.one_of(json_values, st.text(alphabet="0123456789wdhmsPTWDHMS .,-+", max_size=24)))
+def test_the_duration_parser_answers_seconds_in_range_or_its_own_error(value: Any) -> None:
+    try:
+        seconds = parse_duration(value)
+    except DurationError as exc:
+        assert str(exc)
+        return
+    assert isinstance(seconds, int) and 60 <= seconds <= 366 * 86400
+
+
+@props
+@given(st.integers(min_value=60, max_value=366 * 86400))
+def test_the_duration_parser_reads_back_what_format_writes(seconds: int) -> None:
+    assert parse_duration(format_duration(seconds)) == seconds
+    assert parse_duration(seconds) == seconds
+
+
+attribute_names = st.sampled_from(
+    ["vramGiB", "gpuModel", "numaNode", "nvlinkDomain", "migProfile", "node.rack", "node.fabric", "nope", ""]
+)
+operators = st.sampled_from(["eq", "ne", "gt", "gte", "lt", "lte", "in", "notIn", "exists", "bogus"])
+selector_objects = st.dictionaries(
+    attribute_names,
+    json_values | st.dictionaries(operators, json_values, max_size=2),
+    max_size=4,
+)
+
+
+@props
+@given(st.one_of(selector_objects, json_values))
+def test_the_selector_object_parser_answers_a_selector_or_invalid_input(obj: Any) -> None:
+    try:
+        selector = normalize_selector(obj, field="selector")
+    except InvalidInput as exc:
+        assert exc.details and all(d["field"].startswith("selector") for d in exc.details)
+        return
+    # What it accepted, it reads back the same from both of its other forms.
+    assert normalize_selector(selector_to_api(selector), field="selector") == selector
+    assert parse_cli_selector(selector_to_cli(selector)) == selector
+
+
+@props
+@given(
+    st.one_of(
+        st.text(max_size=60),
+        st.lists(
+            st.tuples(
+                attribute_names,
+                st.sampled_from(
+                    ["=", "!=", ">", ">=", "<", "<=", " in ", " notin ", " exists", " !exists", "=="]
+                ),
+                st.text(alphabet='abc019."\\(), ', max_size=10),
+            ),
+            max_size=4,
+        ).map(lambda parts: ", ".join(f"{n}{op}{v}" for n, op, v in parts)),
+    )
+)
+def test_the_cli_selector_parser_answers_a_selector_or_a_syntax_error(text: str) -> None:
+    try:
+        selector = parse_cli_selector(text)
+    except SelectorSyntaxError as exc:
+        assert exc.details
+        return
+    assert parse_cli_selector(selector_to_cli(selector)) == selector
+
+
+gpu_reports = st.fixed_dictionaries(
+    {
+        "uuid": st.one_of(st.just("GPU-5a2c1f6e-0c3b-4a8e-9d7e-1b2c3d4e5f60"), st.text(max_size=40)),
+        "product": st.one_of(st.just("NVIDIA H100 80GB HBM3"), st.text(max_size=30), st.integers()),
+        "memoryMiB": st.one_of(st.integers(min_value=-10, max_value=10**7), st.text(max_size=5)),
+    },
+    optional={
+        "numaNode": json_values,
+        "pciBusId": st.text(max_size=20),
+        "nvlinkDomain": json_values,
+        "mig": st.one_of(
+            json_values,
+            st.fixed_dictionaries(
+                {
+                    "enabled": st.booleans(),
+                    "instances": st.lists(
+                        st.dictionaries(
+                            st.sampled_from(["gi", "ci", "profile", "memoryMiB", "x"]), json_values
+                        ),
+                        max_size=3,
+                    ),
+                }
+            ),
+        ),
+        "extra": json_values,
+    },
+)
+node_reports = st.fixed_dictionaries(
+    {"hostname": st.one_of(st.just("gpu-a-001"), st.text(max_size=30), st.integers())},
+    optional={
+        "resources": st.one_of(
+            json_values, st.dictionaries(st.sampled_from(["vcpu", "memoryGiB", "x"]), json_values)
+        ),
+        "gpus": st.one_of(json_values, st.lists(gpu_reports, max_size=3)),
+        "nics": st.one_of(
+            json_values, st.lists(st.dictionaries(st.sampled_from(["pf", "vfs", "linkGbps"]), json_values))
+        ),
+        "disks": st.one_of(
+            json_values, st.lists(st.dictionaries(st.sampled_from(["id", "sizeGiB", "media"]), json_values))
+        ),
+    },
+)
+
+
+@props
+@given(st.one_of(node_reports, json_values))
+def test_the_node_report_parser_answers_a_report_or_invalid_input_naming_fields(data: Any) -> None:
+    try:
+        report = report_parse(data=data, prefix="report.")
+    except InvalidInput as exc:
+        assert exc.details and all(str(d.get("field", "")).startswith("report") for d in exc.details), (
+            exc.details
+        )
+        return
+    assert report.hostname and all(gpu.uuid for gpu in report.gpus)

@@ -1,0 +1,5 @@
+"""What the tests share, one definition each: factories, the API helpers, bookings and rollup readers,
+clock constants, threads with their own connections, node reports, commands, and the torture machinery.
+
+Fixtures stay in the `conftest.py` files; this package holds plain functions and classes.
+"""

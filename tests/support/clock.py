@@ -1,0 +1,24 @@
+"""Fixed instants and the units the tests count in, and the database clock in the API's milliseconds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from core.clock import compute_now
+
+# A fixed instant well in the future, so nothing the database clock does reaches it.
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+HOUR_MS = 3_600_000
+# The largest instant the API accepts (2^47 milliseconds).
+MAX_MS = 140737488355328
+
+
+def at(hours: int = 0, minutes: int = 0) -> datetime:
+    """`T0` plus `hours` and `minutes` (either may exceed a day's span or be negative)."""
+    return T0 + timedelta(hours=hours, minutes=minutes)
+
+
+def now_ms() -> int:
+    """The database clock in the API's milliseconds, for scheduling operations."""
+    return int(compute_now().timestamp() * 1000)

@@ -1,0 +1,261 @@
+"""The operation mix: reservations (create, release) against cordons, taints, maintenance and health flips.
+
+An `Op` is plain data drawn from a seeded generator, so the same schedule can
+be run through the service layer (`op_run_service`) or the HTTP API
+(`op_run_http`). Which reservation a release takes is decided when it runs
+(from the `Ledger` of live reservations), because that depends on what the
+creates before it achieved.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.support.torture.fleet import Fleet
+
+# Relative weights of the operation kinds; creates dominate so the atoms stay contested.
+WEIGHTS: dict[str, int] = {
+    "create": 40,
+    "release": 22,
+    "cordon": 4,
+    "uncordon": 7,
+    "taint": 4,
+    "untaint": 7,
+    "maintenance": 6,
+    "health": 10,
+}
+TAINT_KEYS = ("torture/xid", "torture/ecc")
+# Seconds after "now" a calendar reservation starts; None starts now.
+START_OFFSETS: tuple[int | None, ...] = (None, None, None, 1800, 7200)
+
+# What an operation ended as; anything else (an exception, a 5xx) is a failure of the run.
+EXPECTED = {"created", "replayed", "no-capacity", "quota", "released", "nothing-to-release", "node-op"}
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str
+    args: dict[str, Any]
+
+
+@dataclass
+class Ledger:
+    """Live reservations (tenant, id) that a release may pick; thread-safe."""
+
+    live: list[tuple[str, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, tenant_id: str, reservation_id: str) -> None:
+        with self.lock:
+            self.live.append((tenant_id, reservation_id))
+
+    def take(self, pick: float) -> tuple[str, str] | None:
+        with self.lock:
+            if not self.live:
+                return None
+            return self.live.pop(int(pick * len(self.live)))
+
+
+@dataclass
+class Tally:
+    """Outcomes per kind, thread-safe."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, op: Op, outcome: str) -> None:
+        with self.lock:
+            self.counts[outcome] += 1
+            if outcome not in EXPECTED:
+                self.failures.append(f"{op.kind} {op.args}: {outcome}")
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def ops_generate(*, fleet: Fleet, seed: int, count: int, now_ms: int, key_prefix: str) -> list[Op]:
+    """`count` operations drawn from `seed`: the same arguments always give the same schedule."""
+    rng = random.Random(seed)
+    kinds = list(WEIGHTS)
+    weights = [WEIGHTS[k] for k in kinds]
+    ops: list[Op] = []
+    for index in range(count):
+        kind = rng.choices(kinds, weights)[0]
+        node_id = rng.choice(fleet.node_ids)
+        if kind == "create":
+            pool_id, tenant_id = rng.choice(fleet.bookers)
+            body: dict[str, Any] = {
+                "tenantId": tenant_id,
+                "poolId": pool_id,
+                "devices": [{"class": "gpu", "count": rng.choice((1, 1, 2, 2, 3, 4))}],
+                "duration": rng.choice(("1h", "90m", "2h")),
+                "idempotencyKey": f"{key_prefix}-{seed}-{index}",
+            }
+            offset = rng.choice(START_OFFSETS)
+            if offset is not None:
+                body["start"] = now_ms + offset * 1000
+            if rng.random() < 0.5:
+                body["resources"] = {"vcpu": rng.choice((2, 4, 8, 16))}
+            ops.append(Op("create", {"body": body}))
+        elif kind == "release":
+            ops.append(Op("release", {"pick": rng.random()}))
+        elif kind in ("cordon", "uncordon"):
+            ops.append(Op(kind, {"nodeId": node_id}))
+        elif kind == "taint":
+            effect = rng.choice(("NoSchedule", "NoSchedule", "PreferNoSchedule"))
+            ops.append(Op("taint", {"nodeId": node_id, "key": rng.choice(TAINT_KEYS), "effect": effect}))
+        elif kind == "untaint":
+            ops.append(Op("untaint", {"nodeId": node_id, "key": rng.choice(TAINT_KEYS)}))
+        elif kind == "maintenance":
+            ops.append(Op("maintenance", {"nodeId": node_id, "on": rng.random() < 0.45}))
+        else:
+            ops.append(Op("health", {"uid": rng.choice(fleet.device_uids), "healthy": rng.random() < 0.65}))
+    return ops
+
+
+def op_run_service(op: Op, ledger: Ledger) -> str:
+    """Run one operation through the service layer, on the calling thread's connection."""
+    from core.errors import NoCapacity, QuotaExceeded
+    from inventory import operations
+    from inventory.models import Device, Node
+    from reservations.models import Reservation
+    from reservations.request import parse_reservation_request
+    from reservations.services import reservation_create, reservation_release
+
+    actor = "torture"
+    if op.kind == "create":
+        request = parse_reservation_request(op.args["body"])
+        try:
+            reservation, created = reservation_create(request=request, actor=actor)
+        except NoCapacity:
+            return "no-capacity"
+        except QuotaExceeded:
+            return "quota"
+        ledger.add(request.tenant_id, reservation.pk)
+        return "created" if created else "replayed"
+    if op.kind == "release":
+        target = ledger.take(op.args["pick"])
+        if target is None:
+            return "nothing-to-release"
+        reservation_release(reservation=Reservation.objects.get(pk=target[1]), actor=actor)
+        return "released"
+    if op.kind == "health":
+        device = Device.objects.get(uid=op.args["uid"])
+        operations.device_set_health(
+            device=device, healthy=op.args["healthy"], reason="torture flip", actor=actor
+        )
+        return "node-op"
+    node = Node.objects.get(pk=op.args["nodeId"])
+    if op.kind == "cordon":
+        operations.node_cordon(node=node, reason="torture", actor=actor)
+    elif op.kind == "uncordon":
+        operations.node_uncordon(node=node, actor=actor)
+    elif op.kind == "taint":
+        operations.node_taint(
+            node=node, key=op.args["key"], value="", effect=op.args["effect"], reason="torture", actor=actor
+        )
+    elif op.kind == "untaint":
+        operations.node_untaint(node=node, key=op.args["key"], actor=actor)
+    elif op.kind == "maintenance":
+        operations.node_set_maintenance(node=node, on=op.args["on"], reason="torture", actor=actor)
+    else:  # pragma: no cover - the generator makes only the kinds above
+        raise AssertionError(op.kind)
+    return "node-op"
+
+
+def op_run_service_retrying(op: Op, ledger: Ledger, lost: Counter[str]) -> str:
+    """`op_run_service`, run again on a new connection after each one lost (counted in `lost` by kind).
+
+    A create retried this way carries the same idempotencyKey, so it is answered the
+    reservation it made if its first try committed.
+    """
+    from django.db import InterfaceError, OperationalError, connections
+
+    while True:
+        try:
+            return op_run_service(op, ledger)
+        except (OperationalError, InterfaceError):
+            lost[op.kind] += 1
+            connections.close_all()
+
+
+def http_post(
+    base_url: str, path: str, token: str, body: dict[str, Any], timeout: float = 60
+) -> tuple[int, Any]:
+    """POST a JSON body; return (status, parsed answer). Never raises on an HTTP error status."""
+    request = urllib.request.Request(  # noqa: S310 (http to a local test server)
+        f"{base_url}/api/compute/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        raw = error.read()  # may raise IncompleteRead if the server dies mid-answer; callers retry
+        try:
+            return error.code, json.loads(raw or b"null")
+        except ValueError:
+            return error.code, raw.decode(errors="replace")
+
+
+def op_run_http(op: Op, ledger: Ledger, *, base_url: str, tokens: dict[str, str]) -> str:
+    """Run one operation through the API; `tokens` maps each tenant id and "operator" to a bearer token."""
+    if op.kind == "create":
+        body = op.args["body"]
+        status, answer = http_post(base_url, "reservations/create", tokens[body["tenantId"]], body)
+        if status in (200, 201):
+            ledger.add(body["tenantId"], answer["id"])
+            return "created" if status == 201 else "replayed"
+        code = answer.get("error", {}).get("code") if isinstance(answer, dict) else None
+        if status == 409 and code == "NO_CAPACITY":
+            return "no-capacity"
+        if status == 409 and code == "QUOTA_EXCEEDED":
+            return "quota"
+        return f"create answered {status} {answer!r}"
+    if op.kind == "release":
+        target = ledger.take(op.args["pick"])
+        if target is None:
+            return "nothing-to-release"
+        tenant_id, reservation_id = target
+        status, answer = http_post(
+            base_url,
+            "reservations/release",
+            tokens[tenant_id],
+            {"tenantId": tenant_id, "reservationId": reservation_id},
+        )
+        return (
+            "released" if status == 200 and answer["state"] == "released" else f"release {status} {answer!r}"
+        )
+    operator = tokens["operator"]
+    if op.kind == "health":
+        body = {"deviceUid": op.args["uid"], "healthy": op.args["healthy"]}
+        if not op.args["healthy"]:
+            body["reason"] = "torture flip"
+        status, answer = http_post(base_url, "devices/setHealth", operator, body)
+    else:
+        path, body = {
+            "cordon": ("nodes/cordon", {"nodeId": op.args["nodeId"], "reason": "torture"}),
+            "uncordon": ("nodes/uncordon", {"nodeId": op.args["nodeId"]}),
+            "taint": (
+                "nodes/taint",
+                {"nodeId": op.args["nodeId"], "key": op.args.get("key"), "effect": op.args.get("effect")},
+            ),
+            "untaint": ("nodes/untaint", {"nodeId": op.args["nodeId"], "key": op.args.get("key")}),
+            "maintenance": (
+                "nodes/setMaintenance",
+                {"nodeId": op.args["nodeId"], "on": op.args.get("on"), "reason": "torture"},
+            ),
+        }[op.kind]
+        status, answer = http_post(base_url, path, operator, body)
+    return "node-op" if status == 200 else f"{op.kind} answered {status} {answer!r}"

@@ -1,1 +1,0 @@
-"""Helpers for the torture, fault and isolation tests: a fleet, an operation mix, the invariant checks."""
