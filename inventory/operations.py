@@ -90,8 +90,11 @@ def node_set_maintenance(*, node: Node, on: bool, reason: str, actor: str) -> No
 
 
 def _taints_changed(locked: Node, *, actor: str, action: str, reason: str, **data: object) -> None:
-    """After a taint write under the node's lock: recount the node's NoSchedule taints onto
-    the node row (the predicate reads only that row), and audit the change with the new count."""
+    """After a taint write under the node's lock: recount, then audit with the new count.
+
+    The node's NoSchedule taints are counted onto the node row, because the
+    schedulability predicate reads only that row.
+    """
     count = Taint.objects.filter(node_id=locked.pk, effect=TaintEffect.NO_SCHEDULE).count()
     Node.objects.filter(pk=locked.pk).update(noschedule_taints=count, updated_at=Now())
     _node_audit(locked, actor=actor, action=action, reason=reason, **data, noScheduleTaints=count)

@@ -151,17 +151,20 @@ def reservation_list(
     return page, next_cursor
 
 
-def reservation_payload(reservation: Reservation, *, state: str | None = None) -> dict[str, Any]:
+def reservation_payload(
+    reservation: Reservation,
+    *,
+    state: str | None = None,
+    allocations: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The contract's reservation object (times in epoch milliseconds).
 
-    `state`: the state the caller already knows (a create that just placed it),
-    else the derived one.
+    `state` and `allocations`: what the caller already knows (a create that just
+    placed it, `ReservationCreated`), else the derived state and the stored rows.
     """
     from core.clock import to_millis
 
-    # A reservation just placed carries its allocations from the placement
-    # (nothing to read back); one read by a selector has them prefetched.
-    allocations: list[dict[str, Any]] | None = getattr(reservation, "allocations_payload", None)
+    # A reservation read by a selector has its allocations prefetched.
     if allocations is None:
         allocations = []
         for allocation in reservation.allocations.all():

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -92,9 +94,23 @@ def _insert_params(reservation: Reservation) -> dict[str, Any]:
     }
 
 
-def _create_once(
-    *, request: ReservationRequest, digest: str, actor: str, pool: Pool
-) -> tuple[Reservation, bool]:
+@dataclass(frozen=True)
+class ReservationCreated:
+    """What `reservation_create` did: the reservation, whether this call made it, and what it booked."""
+
+    reservation: Reservation
+    created: bool
+    # The allocations as the placement wrote them (the API answers from these
+    # without reading back); None when an earlier create with the key is answered.
+    allocations: list[dict[str, Any]] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        # Unpacks as `(reservation, created)` for callers that need only those two.
+        yield self.reservation
+        yield self.created
+
+
+def _create_once(*, request: ReservationRequest, digest: str, actor: str, pool: Pool) -> ReservationCreated:
     with transaction.atomic():
         window = placement_window(request=request)
         reservation = Reservation(
@@ -125,7 +141,7 @@ def _create_once(
             existing = _existing(request)
             if existing is None:  # pragma: no cover - the winner committed, so it is visible
                 raise IntegrityError(f"{IDEMPOTENCY_CONSTRAINT}: the winning create is not visible")
-            return _same_or_conflict(existing, digest), False
+            return ReservationCreated(reservation=_same_or_conflict(existing, digest), created=False)
         reservation.created_at = inserted[0]
         reservation._state.adding = False
 
@@ -138,7 +154,7 @@ def _create_once(
             reservation.save(update_fields=["starts_at", "ends_at", "state"])
         placement_charge(placement=placement, request=request)
         # The answer is built from what was just written, not read back.
-        reservation.allocations_payload = [  # type: ignore[attr-defined]
+        allocations = [
             {
                 "id": allocation.id,
                 "nodeId": allocation.node_id,
@@ -162,7 +178,7 @@ def _create_once(
                 logger.exception("delivering reservation %s to its nodes failed", reservation_id)
 
         transaction.on_commit(deliver)
-    return reservation, True
+    return ReservationCreated(reservation=reservation, created=True, allocations=allocations)
 
 
 def _listen() -> None:
@@ -190,7 +206,7 @@ def _wait_for_release(*, pool_id: str, seconds: float) -> None:
 
 def reservation_create(
     *, request: ReservationRequest, actor: str, pool: Pool | None = None
-) -> tuple[Reservation, bool]:
+) -> ReservationCreated:
     """Place and book the request; return the reservation and whether it was created now.
 
     Idempotent per (tenant, idempotencyKey): the same request returns the same
@@ -209,7 +225,7 @@ def reservation_create(
     digest = request_digest(request)
     existing = _existing(request)
     if existing is not None:
-        return _same_or_conflict(existing, digest), False
+        return ReservationCreated(reservation=_same_or_conflict(existing, digest), created=False)
     # Waiting needs notifications, which arrive only between transactions: a
     # caller that already holds a transaction gets one attempt.
     can_wait = request.wait_timeout_ms > 0 and not connection.in_atomic_block

@@ -55,10 +55,25 @@ def can_operate(request: HttpRequest) -> bool:
 
 
 class ConsoleAdmin(admin.ModelAdmin):
-    """A model admin whose change page is an operator console, filled by `console_context`."""
+    """A model admin whose change page is an operator console.
+
+    `console_context` fills the change page; `console_urls` puts the console's
+    own pages in front of the admin's, behind the admin's login.
+    """
 
     def console_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         raise NotImplementedError
+
+    def console_urls(self) -> list[tuple[str, Callable[..., HttpResponse], str]]:
+        """(route, view, URL name) of each page of the console's own."""
+        return []
+
+    def get_urls(self) -> list[Any]:
+        own = [
+            path(route, self.admin_site.admin_view(view), name=name)
+            for route, view, name in self.console_urls()
+        ]
+        return [*own, *super().get_urls()]
 
     def change_view(
         self,
@@ -200,15 +215,8 @@ class PoolAdmin(ConsoleAdmin):
             return "—"
         return _age(obj.db_now, obj.gpu_updated_at)
 
-    def get_urls(self) -> list[Any]:
-        return [
-            path(
-                "<path:object_id>/rebuild/",
-                self.admin_site.admin_view(self.rebuild_view),
-                name="inventory_pool_rebuild",
-            ),
-            *super().get_urls(),
-        ]
+    def console_urls(self) -> list[tuple[str, Callable[..., HttpResponse], str]]:
+        return [("<path:object_id>/rebuild/", self.rebuild_view, "inventory_pool_rebuild")]
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -538,19 +546,10 @@ class NodeAdmin(ConsoleAdmin):
             parts.append(format_html("<strong>{} NoSchedule taint(s)</strong>", obj.noschedule_taints))
         return format_html_join(mark_safe("<br>"), "{}", ((p,) for p in parts)) if parts else ""
 
-    def get_urls(self) -> list[Any]:
+    def console_urls(self) -> list[tuple[str, Callable[..., HttpResponse], str]]:
         return [
-            path(
-                "operate/<str:op>/",
-                self.admin_site.admin_view(self.operate_view),
-                name="inventory_node_operate",
-            ),
-            path(
-                "device/<int:device_id>/health/",
-                self.admin_site.admin_view(self.device_health_view),
-                name="inventory_node_device_health",
-            ),
-            *super().get_urls(),
+            ("operate/<str:op>/", self.operate_view, "inventory_node_operate"),
+            ("device/<int:device_id>/health/", self.device_health_view, "inventory_node_device_health"),
         ]
 
     def console_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:

@@ -67,14 +67,16 @@ class ReservationsViewSet(RpcViewSet):
         resolved = reservation_request_resolve(
             principal=principal_of(request), data=request.data, permission=RESERVATIONS_WRITE
         )
-        reservation, created = reservation_create(
-            request=resolved.request, actor=actor_of(request), pool=resolved.pool
-        )
-        if created:
+        result = reservation_create(request=resolved.request, actor=actor_of(request), pool=resolved.pool)
+        reservation = result.reservation
+        if result.created:
             # Built from what the create wrote: nothing to read back. Its stored
             # state (active or scheduled, by the database clock of this create)
             # is its derived state at this instant.
-            return Response(reservation_payload(reservation, state=reservation.state), status=201)
+            return Response(
+                reservation_payload(reservation, state=reservation.state, allocations=result.allocations),
+                status=201,
+            )
         return _reservation_response(resolved.request.tenant_id, reservation.pk)
 
     @rpc_action("get", request=ReservationRefInput, response=ReservationOutput, summary="One reservation")

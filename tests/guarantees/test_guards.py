@@ -25,7 +25,7 @@ from ledger.models import QuotaUsage
 from reservations.daemon import daemon_holdings
 from reservations.models import DeviceBooking, Reservation
 from reservations.placer import commit
-from reservations.services import reservation_create
+from reservations.services import ReservationCreated, reservation_create
 from tests.support.factories import (
     AllocationFactory,
     DeviceFactory,
@@ -111,8 +111,8 @@ def test_guard1_two_placements_racing_for_the_last_atoms_one_wins_the_other_repl
     for worker in workers:
         worker.start()
     results = [worker.finish() for worker in workers]
-    assert all(isinstance(r, tuple) and r[1] for r in results), results
-    nodes = {Reservation.objects.get(pk=r[0].pk).allocations.get().node_id for r in results}
+    assert all(isinstance(r, ReservationCreated) and r.created for r in results), results
+    nodes = {Reservation.objects.get(pk=r.reservation.pk).allocations.get().node_id for r in results}
     # The loser's booking INSERT came back short; it rolled back its savepoint and replanned.
     assert nodes == {first.id, second.id}
     assert_no_overlapping_bookings()
@@ -137,7 +137,7 @@ def test_guard1_the_loser_gets_no_capacity_when_nothing_is_left(
     for worker in workers:
         worker.start()
     results = [worker.finish() for worker in workers]
-    assert sum(isinstance(r, tuple) for r in results) == 1
+    assert sum(isinstance(r, ReservationCreated) for r in results) == 1
     assert sum(isinstance(r, NoCapacity) for r in results) == 1
     assert DeviceBooking.objects.count() == 2
     assert_no_overlapping_bookings()
@@ -158,7 +158,7 @@ def test_guard1_many_concurrent_creates_never_double_book() -> None:
     for worker in workers:
         worker.start()
     results = [worker.finish() for worker in workers]
-    assert sum(isinstance(r, tuple) for r in results) == 6  # 12 GPUs, 2 each
+    assert sum(isinstance(r, ReservationCreated) for r in results) == 6  # 12 GPUs, 2 each
     assert sum(isinstance(r, NoCapacity) for r in results) == 2
     assert DeviceBooking.objects.count() == 12
     assert_no_overlapping_bookings()
@@ -213,7 +213,7 @@ def test_guard3_scalar_claims_never_exceed_allocatable_times_ratio_under_concurr
     for worker in workers:
         worker.start()
     results = [worker.finish() for worker in workers]
-    assert sum(isinstance(r, tuple) for r in results) == 2
+    assert sum(isinstance(r, ReservationCreated) for r in results) == 2
     assert sum(isinstance(r, NoCapacity) for r in results) == 3
     assert NodeResource.objects.get(node=node).allocated == 8
     assert_no_overlapping_bookings()
@@ -314,7 +314,7 @@ def test_guard4_a_flip_that_commits_second_sees_the_placement(
     wait_until_blocked_on_lock(op)
     go_on.set()
     result = placer.finish()
-    assert isinstance(result, tuple) and result[1], result
+    assert isinstance(result, ReservationCreated) and result.created, result
     op.finish()
     assert op.error is None
     # The operator's write committed second and saw the booking made first.
@@ -339,7 +339,7 @@ def test_guard5_quota_is_never_exceeded_under_concurrency() -> None:
     for worker in workers:
         worker.start()
     results = [worker.finish() for worker in workers]
-    assert sum(isinstance(r, tuple) for r in results) == 3
+    assert sum(isinstance(r, ReservationCreated) for r in results) == 3
     assert sum(isinstance(r, QuotaExceeded) for r in results) == 2
     assert QuotaUsage.objects.get(pool=pool).used == 3
     assert DeviceBooking.objects.count() == 3
@@ -410,8 +410,8 @@ def test_two_identical_creates_racing_make_one_reservation() -> None:
         worker.start()
     results = [worker.finish() for worker in workers]
     assert all(w.error is None for w in workers), [w.error for w in workers]
-    assert len({r[0].pk for r in results}) == 1
-    assert sorted(r[1] for r in results) == [False, True]
+    assert len({r.reservation.pk for r in results}) == 1
+    assert sorted(r.created for r in results) == [False, True]
     assert Reservation.objects.count() == 1 and DeviceBooking.objects.count() == 1
 
 
@@ -446,8 +446,8 @@ def test_a_concurrent_mix_of_creates_and_releases_keeps_every_invariant() -> Non
             if rng.random() < 0.3:
                 fields["start_ms"] = later
             result = attempt(gpu_request(pool, rng.choice([1, 2, 3]), **fields))()
-            if isinstance(result, tuple):
-                mine.append(result[0])
+            if isinstance(result, ReservationCreated):
+                mine.append(result.reservation)
 
     workers = [Worker(lambda seed=seed: client(seed)) for seed in range(4)]
     for worker in workers:

@@ -59,7 +59,7 @@ def test_selector_on_strings_labels_in_notin_and_exists(pool: Pool) -> None:
 @pytest.mark.django_db
 def test_a_booked_atom_is_not_offered_for_an_overlapping_window(pool: Pool) -> None:
     make_node(pool, gpus=2)
-    first = reservation_create(request=gpu_request(pool, 2), actor="t")[0]
+    first = reservation_create(request=gpu_request(pool, 2), actor="t").reservation
     assert first.allocations.count() == 1
     plan = plan_for(gpu_request(pool, 1))
     assert not plan.fits

@@ -178,9 +178,9 @@ def test_list_pages_newest_first_with_a_cursor(owned_pool: Pool) -> None:
     for index in range(5):
         set_clock_offset(timedelta(seconds=index), local=True)  # distinct created_at
         ids.append(
-            reservation_create(request=gpu_request(owned_pool, 1, idempotency_key=f"p{index}"), actor="t")[
-                0
-            ].id
+            reservation_create(
+                request=gpu_request(owned_pool, 1, idempotency_key=f"p{index}"), actor="t"
+            ).reservation.id
         )
     set_clock_offset(timedelta(seconds=10), local=True)
     seen: list[str] = []
@@ -311,7 +311,7 @@ def test_preview_reports_a_reason_and_preemptible_spot_without_ids(
     owner_client: APIClient, owned_pool: Pool
 ) -> None:
     make_node(owned_pool, gpus=2)
-    spot = reservation_create(request=gpu_request(owned_pool, 2, spot=True), actor="t")[0]
+    spot = reservation_create(request=gpu_request(owned_pool, 2, spot=True), actor="t").reservation
     answer = post(owner_client, "capacity/preview", reservation_body(owned_pool, "acme")).json()
     assert answer["fits"] is False and answer["candidates"] == []
     assert answer["reason"]["code"] == "NO_FIT"
@@ -420,7 +420,7 @@ def test_a_reservation_that_ran_to_its_end_gives_back_quota_and_scalars(owned_po
     # The bookings are history, untouched.
     assert DeviceBooking.objects.filter(allocation__reservation=reservation).count() == 2
     # And the tenant can book again.
-    assert reservation_create(request=gpu_request(owned_pool, 2), actor="t")[1]
+    assert reservation_create(request=gpu_request(owned_pool, 2), actor="t").created
 
 
 @pytest.mark.django_db
