@@ -19,12 +19,7 @@ from inventory.models import Node, Pool, Taint
 from ledger.models import PoolCapacityRollup
 from reservations.models import DeviceBooking
 from tests.support.admin import messages_of
-from tests.support.factories import (
-    AllocationFactory,
-    DeviceFactory,
-    NodeFactory,
-    ReservationFactory,
-)
+from tests.support.factories import AllocationFactory, DeviceFactory, NodeFactory, ReservationFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -12,12 +12,7 @@ from capacity.preview_cli import preview_command
 from capacity.rollups import rollup_rebuild_all
 from capacity.selectors import capacity_summary, rollup_rows
 from inventory.models import Pool
-from tests.support.factories import (
-    NodeFactory,
-    PoolFactory,
-    TenantFactory,
-    gpus,
-)
+from tests.support.factories import NodeFactory, PoolFactory, TenantFactory, gpus
 from tests.support.placement import make_node
 
 

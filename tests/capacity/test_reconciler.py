@@ -24,11 +24,7 @@ from capacity.reconciler import (
 )
 from core.locks import ADVISORY_LOCK_KEYS
 from inventory.models import Node, Pool
-from tests.support.factories import (
-    NodeFactory,
-    PoolFactory,
-    gpus,
-)
+from tests.support.factories import NodeFactory, PoolFactory, gpus
 from tests.support.records import row
 from tests.support.threads import Worker
 

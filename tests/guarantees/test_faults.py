@@ -33,9 +33,8 @@ from reservations.services import reservations_redeliver
 from tests.support.clock import now_ms
 from tests.support.paths import ROOT
 from tests.support.threads import Dealer, threads_run
-from tests.support.torture.checks import check_rollups_match_rebuild, invariant_problems
-from tests.support.torture.commitlog import commitlog_check
-from tests.support.torture.fleet import Fleet, fleet_restore
+from tests.support.torture.checks import problems_after_run
+from tests.support.torture.fleet import Fleet
 from tests.support.torture.ops import Ledger, Tally, http_post, op_run_service_retrying, ops_generate
 from tests.support.torture.scale import JOIN_SECONDS, SCALE, SEED
 from tests.support.torture.servers import ServerGroup, http_tokens, server_ready
@@ -110,10 +109,7 @@ def test_connections_killed_mid_transaction_leave_nothing_half_written(fleet: Fl
     # A create killed before COMMIT and retried with its key made exactly one reservation.
     keys = Counter(Reservation.objects.values_list("idempotency_key", flat=True))
     assert all(n == 1 for n in keys.values())
-    problems = invariant_problems()
-    problems.extend(commitlog_check().violations)
-    fleet_restore(fleet)
-    problems.extend(check_rollups_match_rebuild())
+    problems = problems_after_run(fleet)
     assert not problems, "\n".join(problems[:20])
     print(f"\nkilled mid-transaction: {dict(killer.kills)}, retried {dict(lost)}, {dict(tally.counts)}")
 
@@ -232,10 +228,7 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
     # node was never sent. The reconciler's pass catches the nodes up; after it, every live
     # booking is on its node and nothing was ever refused.
     reservations_redeliver()
-    problems = invariant_problems()
-    problems.extend(commitlog_check().violations)
-    fleet_restore(fleet)
-    problems.extend(check_rollups_match_rebuild())
+    problems = problems_after_run(fleet)
     assert not problems, "\n".join(problems[:20])
     print(f"\nserver kills: {len(kills)}, client retries: {dict(counts)}")
 

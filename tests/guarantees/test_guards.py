@@ -62,6 +62,19 @@ def attempt(request: Any) -> Callable[[], Any]:
     return run
 
 
+def hold_two_placements_until_both_planned(hooks: list[Callable[[str, str], None]]) -> None:
+    """A commit hook that holds each of two placements before its node lock until both got there."""
+    both_planned = threading.Barrier(2)
+    seen: set[int] = set()
+
+    def rendezvous(point: str, node_id: str) -> None:
+        if point == "before_node_lock" and threading.get_ident() not in seen:
+            seen.add(threading.get_ident())
+            both_planned.wait(JOIN_SECONDS)
+
+    hooks.append(rendezvous)
+
+
 def assert_no_overlapping_bookings() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -98,15 +111,7 @@ def test_guard1_two_placements_racing_for_the_last_atoms_one_wins_the_other_repl
     first = one_node(pool, 2)
     second = one_node(pool, 2)
     # Both placements plan before either books: each has chosen the same best node.
-    both_planned = threading.Barrier(2)
-    seen: set[int] = set()
-
-    def rendezvous(point: str, node_id: str) -> None:
-        if point == "before_node_lock" and threading.get_ident() not in seen:
-            seen.add(threading.get_ident())
-            both_planned.wait(JOIN_SECONDS)
-
-    hooks.append(rendezvous)
+    hold_two_placements_until_both_planned(hooks)
     workers = [Worker(attempt(gpu_request(pool, 2))) for _ in range(2)]
     for worker in workers:
         worker.start()
@@ -124,15 +129,7 @@ def test_guard1_the_loser_gets_no_capacity_when_nothing_is_left(
 ) -> None:
     pool = PoolFactory()
     one_node(pool, 2)
-    both_planned = threading.Barrier(2)
-    seen: set[int] = set()
-
-    def rendezvous(point: str, node_id: str) -> None:
-        if point == "before_node_lock" and threading.get_ident() not in seen:
-            seen.add(threading.get_ident())
-            both_planned.wait(JOIN_SECONDS)
-
-    hooks.append(rendezvous)
+    hold_two_placements_until_both_planned(hooks)
     workers = [Worker(attempt(gpu_request(pool, 2))) for _ in range(2)]
     for worker in workers:
         worker.start()

@@ -12,12 +12,7 @@ from core.clock import compute_now
 from ledger.rollups import rollup_apply_delta, rollup_apply_deltas
 from reservations.models import DeviceBooking
 from tests.support.clock import HOUR
-from tests.support.factories import (
-    NodeFactory,
-    NodeResourceFactory,
-    PoolFactory,
-    gpus,
-)
+from tests.support.factories import NodeFactory, NodeResourceFactory, PoolFactory, gpus
 from tests.support.records import book, row, snapshot, snapshot_after_rebuild
 
 

@@ -10,9 +10,7 @@ from core.models import AuditEvent
 from inventory.models import Node, Pool
 from reservations.models import Reservation
 from tests.support.admin import messages_of
-from tests.support.factories import (
-    ReservationFactory,
-)
+from tests.support.factories import ReservationFactory
 
 pytestmark = pytest.mark.django_db
 

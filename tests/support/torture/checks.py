@@ -13,6 +13,8 @@ from typing import Any
 from django.db import connection
 
 from capacity.rollups import rollup_rebuild_all
+from tests.support.torture.commitlog import commitlog_check
+from tests.support.torture.fleet import Fleet, fleet_restore
 
 
 def _rows(sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
@@ -204,3 +206,13 @@ def invariant_problems(*, require_delivery: bool = True) -> list[str]:
         *check_reservations_whole(),
         *check_daemon(require_delivery=require_delivery),
     ]
+
+
+def problems_after_run(fleet: Fleet) -> list[str]:
+    """Every check after a run: the recounts and the commit-order log's verdicts, then, with every
+    cordon, taint, maintenance and quarantine lifted (so a rebuild counts every booking), the rollups."""
+    problems = invariant_problems()
+    problems.extend(commitlog_check().violations)
+    fleet_restore(fleet)
+    problems.extend(check_rollups_match_rebuild())
+    return problems
