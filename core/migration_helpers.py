@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import importlib
 from collections.abc import Callable
 from typing import Any
+
+from django.db import migrations
+from django.db.migrations.operations.base import Operation
 
 
 def rename_content_type(old_app: str, new_app: str, *models: str) -> Callable[[Any, Any], None]:
@@ -26,3 +31,18 @@ def rename_content_type(old_app: str, new_app: str, *models: str) -> Callable[[A
 def rename_content_type_back(old_app: str, new_app: str, *models: str) -> Callable[[Any, Any], None]:
     """The reverse of `rename_content_type`, so migrating backwards restores the old labels."""
     return rename_content_type(new_app, old_app, *models)
+
+
+def state_only(*operations: Operation) -> migrations.SeparateDatabaseAndState:
+    """Change Django's idea of the models without touching the database (a model moving between apps)."""
+    return migrations.SeparateDatabaseAndState(state_operations=list(operations))
+
+
+def taken_over(app_label: str, migration_name: str) -> list[Operation]:
+    """The operations of another app's migration, for an app that takes its models over as they are.
+
+    One definition of the moved models' fields and constraints, not a second
+    copy that could drift from the tables that migration created.
+    """
+    module = importlib.import_module(f"{app_label}.migrations.{migration_name}")
+    return copy.deepcopy(list(module.Migration.operations))

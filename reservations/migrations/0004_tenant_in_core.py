@@ -1,25 +1,12 @@
-
-import django.db.models.deletion
+# The foreign key already points at `inventory_tenant`; only the model it names changes.
 from django.db import migrations, models
+from django.db.models.deletion import PROTECT
+
+from core.migration_helpers import state_only
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('core', '0002_tenant_moves_to_core'),
-        ('reservations', '0003_booking_device_ends_index'),
-    ]
-
-    # The foreign key already points at `inventory_tenant`; only the model it names changes.
+    dependencies = [("core", "0002_tenant_moves_to_core"), ("reservations", "0003_booking_device_ends_index")]
     operations = [
-        migrations.SeparateDatabaseAndState(
-            state_operations=[
-                migrations.AlterField(
-                    model_name='reservation',
-                    name='tenant',
-                    field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='reservations', to='core.tenant'),
-                ),
-            ],
-            database_operations=[],
-        ),
+        state_only(migrations.AlterField("reservation", "tenant", models.ForeignKey(on_delete=PROTECT, related_name="reservations", to="core.tenant"))),
     ]
