@@ -14,6 +14,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import quote
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -276,7 +277,9 @@ class AuditEventAdmin(ReadOnlyAdmin):
         }
         name = targets.get(obj.subject_type)
         if name:
-            return format_html('<a href="{}">{}</a>', reverse(name, args=[obj.subject_id]), obj.subject_id)
+            return format_html(
+                '<a href="{}">{}</a>', reverse(name, args=[quote(obj.subject_id)]), obj.subject_id
+            )
         return obj.subject_id
 
 

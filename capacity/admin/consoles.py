@@ -15,7 +15,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, DateTimeField, Func, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
@@ -82,7 +82,9 @@ class ConsoleAdmin(admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        extra = {**self.console_context(request, object_id), **(extra_context or {})}
+        # The changelist links quote the primary key (`node_01…` → `node_5F01…`); the
+        # admin's own views unquote it, and so must ours.
+        extra = {**self.console_context(request, unquote(object_id)), **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
 
@@ -242,7 +244,7 @@ class PoolAdmin(ConsoleAdmin):
             ],
             "capacity_legend": charts.legend_html(),
             "can_operate": can_operate(request),
-            "rebuild_url": reverse("admin:inventory_pool_rebuild", args=[pool.pk]),
+            "rebuild_url": reverse("admin:inventory_pool_rebuild", args=[quote(pool.pk)]),
             "nodes_url": reverse("admin:inventory_node_changelist") + f"?pool__id__exact={pool.pk}",
             **_timeline_context(request, pool),
         }
@@ -251,7 +253,7 @@ class PoolAdmin(ConsoleAdmin):
         """POST only: rebuild this pool's rollup rows now, then back to the pool page."""
         if request.method != "POST" or not can_operate(request):
             raise PermissionDenied
-        pool = get_object_or_404(Pool, pk=object_id)
+        pool = get_object_or_404(Pool, pk=unquote(object_id))
         from capacity.rollups import rollup_rebuild
 
         rollup_rebuild(pool_id=pool.pk)
@@ -261,7 +263,7 @@ class PoolAdmin(ConsoleAdmin):
             actor=admin_actor(request), action="pool.rollup.rebuild", subject_type="pool", subject_id=pool.pk
         )
         self.message_user(request, f"Rebuilt the capacity rollup of {pool}.", messages.SUCCESS)
-        return HttpResponseRedirect(reverse("admin:inventory_pool_change", args=[pool.pk]))
+        return HttpResponseRedirect(reverse("admin:inventory_pool_change", args=[quote(pool.pk)]))
 
 
 class TimelineForm(forms.Form):
@@ -625,7 +627,7 @@ class NodeAdmin(ConsoleAdmin):
                     messages.SUCCESS if changed else messages.WARNING,
                 )
             if back_to_node:
-                return HttpResponseRedirect(reverse("admin:inventory_node_change", args=[nodes[0].pk]))
+                return HttpResponseRedirect(reverse("admin:inventory_node_change", args=[quote(nodes[0].pk)]))
             return HttpResponseRedirect(reverse("admin:inventory_node_changelist"))
         return self.operate_page(
             request, op=op, operation=operation, nodes=nodes, form=form, back_to_node=back_to_node
@@ -688,7 +690,7 @@ class NodeAdmin(ConsoleAdmin):
                     f"Marked {device.uid} {state}; {node_change_summary(changes=[change])}.",
                     messages.SUCCESS,
                 )
-            return HttpResponseRedirect(reverse("admin:inventory_node_change", args=[node.pk]))
+            return HttpResponseRedirect(reverse("admin:inventory_node_change", args=[quote(node.pk)]))
         context = {
             **ops_page_context(self, request, f"Device health: {device.uid}"),
             "device": device,
