@@ -13,16 +13,24 @@ $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-run: $(STAMP)
-	DEBUG=1 $(BIN)/python manage.py migrate --no-input
-	DEBUG=1 $(BIN)/python manage.py load_fleet $(DEMO_FLEET) > /dev/null
-	DEBUG=1 $(BIN)/python manage.py rebuild_rollups
-	DEBUG=1 $(BIN)/python manage.py ensure_admin --url http://$(HOST):$(PORT)/admin/
-	DEBUG=1 $(BIN)/python manage.py runserver $(HOST):$(PORT)
+# A local, git-ignored .env with development settings, written once, so that every
+# other terminal's `manage.py` works with nothing exported.
+.env:
+	printf '# Development settings written by `make run` (git-ignored). Delete to start over.\nDEBUG=1\nSECRET_KEY=%s\n' \
+		"$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(40))')" > .env
+	chmod 600 .env
+
+run: $(STAMP) .env
+	$(BIN)/python manage.py migrate --no-input
+	$(BIN)/python manage.py load_fleet $(DEMO_FLEET) > /dev/null
+	$(BIN)/python manage.py rebuild_rollups
+	$(BIN)/python manage.py ensure_admin --url http://$(HOST):$(PORT)/admin/
+	$(BIN)/python manage.py runserver $(HOST):$(PORT)
 
 test: $(STAMP)
 	$(BIN)/pytest

@@ -145,4 +145,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+    # Django's default config gives `django` a console handler of its own; with the
+    # root's, every line would print twice. One handler: the root's.
+    "loggers": {"django": {"handlers": [], "propagate": True}},
 }

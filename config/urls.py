@@ -3,8 +3,11 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.api import api_not_found
+from core.views import healthz, landing
 
 urlpatterns = [
+    path("", landing, name="landing"),
+    path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/compute/", include("capacity.api.urls")),
     path("api/compute/", include("reservations.api.urls")),
