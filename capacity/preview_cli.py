@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any, TextIO
 
 from django.core.management.base import CommandError
@@ -55,13 +56,14 @@ def preview_command(
         stdout.write(json.dumps(answer, indent=2))
         return answer
     lines = [
-        f"fits: {'yes' if answer['fits'] else 'no'}   start: {answer['start']}   end: {answer['end']}",
+        f"fits: {'yes' if answer['fits'] else 'no'}"
+        f"   start: {_local(answer['start'])}   end: {_local(answer['end'])}",
     ]
     if answer["reason"]:
         lines.append(f"reason: {answer['reason']['code']}: {answer['reason']['message']}")
     if answer["preemptible"]:
         p = answer["preemptible"]
-        lines.append(f"would displace {p['count']} spot reservation(s), starting at {p['startsAt']}")
+        lines.append(f"would displace {p['count']} spot reservation(s), starting at {_local(p['startsAt'])}")
     if answer["candidates"]:
         width = max(len(c["nodeId"]) for c in answer["candidates"])
         lines.append(f"{'rank':>4}  {'node':<{width}}  {'score':>6}  atoms")
@@ -72,3 +74,10 @@ def preview_command(
             )
     stdout.write("\n".join(lines))
     return answer
+
+
+def _local(ms: int | None) -> str:
+    """Epoch milliseconds as ISO-8601 in the local time zone, to the second."""
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="seconds")

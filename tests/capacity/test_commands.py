@@ -12,6 +12,7 @@ from capacity.preview_cli import preview_command
 from capacity.rollups import rollup_rebuild_all
 from capacity.selectors import capacity_summary, rollup_rows
 from inventory.models import Pool
+from tests.support.commands import run_command
 from tests.support.factories import NodeFactory, PoolFactory, TenantFactory, gpus
 from tests.support.placement import make_node
 
@@ -75,3 +76,67 @@ def test_preview_cli_prints_a_table_and_json(owned_pool: Pool) -> None:
     out = io.StringIO()
     answer = preview_command(owned_pool.owner_id, owned_pool.id, 8, "1d", "vramGiB >= 80", True, out)
     assert [c["nodeId"] for c in answer["candidates"]] == [node.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_capacity_for_an_unknown_tenant_exits_non_zero_as_a_subprocess() -> None:
+    import os
+
+    from django.db import connection
+
+    from tests.support.commands import run_python
+
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env |= {
+        "DJANGO_SETTINGS_MODULE": "tests.support.torture.server_settings",
+        "TORTURE_DB_NAME": str(connection.settings_dict["NAME"]),
+    }
+    TenantFactory.create(id="acme")
+    known = run_python("manage.py", "capacity", "--tenant", "acme", env=env, timeout=60)
+    assert known.returncode == 0, known.stderr
+    unknown = run_python("manage.py", "capacity", "--tenant", "nosuch", env=env, timeout=60)
+    assert unknown.returncode == 1
+    assert "tenant nosuch not found" in unknown.stderr
+    assert unknown.stdout == ""
+
+
+@pytest.mark.django_db
+def test_the_pools_table_shows_allocatable_the_buckets_and_partitioned_pools_in_their_units() -> None:
+    acme = TenantFactory.create(id="acme")
+    whole = PoolFactory.create(owner=acme, name="h100-east", gpu_model="H100")
+    gpus(NodeFactory.create(pool=whole), 4)
+    gpus(NodeFactory.create(pool=whole, cordoned=True), 2)
+    mig = PoolFactory.create(owner=acme, name="a100-mig", gpu_model="A100", sharing="mig")
+    gpus(NodeFactory.create(pool=mig), 3, device_class="gpu.mig")
+    rollup_rebuild_all()
+
+    text = run_command("capacity", "--tenant", "acme")
+
+    header = next(line for line in text.splitlines() if "allocatable" in line and "pool" in line)
+    assert "not allocatable" in header
+    h100 = next(line for line in text.splitlines() if line.startswith("│ h100-east"))
+    assert [cell.strip() for cell in h100.split("│")[4:11]] == [
+        "GPUs",
+        "6",
+        "4",
+        "0",
+        "0",
+        "4",
+        "2 maintenance",
+    ]
+    a100 = next(line for line in text.splitlines() if line.startswith("│ a100-mig"))
+    assert "MIG instances" in a100 and " 3 " in a100
+    # The by-model table names the partitioned pool's atoms instead of "A100 0 GPUs".
+    assert "A100 MIG instances" in text
+
+
+@pytest.mark.django_db
+def test_the_preview_prints_its_times_in_iso_8601(owned_pool: Pool) -> None:
+    make_node(owned_pool, gpus=2)
+    out = io.StringIO()
+    preview_command(owned_pool.owner_id, owned_pool.id, 1, "1h", None, False, out)
+    first = out.getvalue().splitlines()[0]
+    start = first.split("start: ")[1].split()[0]
+    from datetime import datetime
+
+    assert datetime.fromisoformat(start).tzinfo is not None

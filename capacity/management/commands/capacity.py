@@ -14,7 +14,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from capacity.preview_cli import preview_command
 from capacity.selectors import capacity_summary, rollup_rows
+from core.models import Tenant
 from inventory.access import visible_pools
+from inventory.schedulability import BUCKETS
 from ledger.models import ROLLUP_COUNTS
 
 ROW_COLUMNS = ("resource", *ROLLUP_COUNTS)
@@ -57,6 +59,8 @@ class Command(BaseCommand):
             else:
                 self._print_pool(answer)
             return
+        if not Tenant.objects.filter(pk=tenant_id).exists():
+            raise CommandError(f"tenant {tenant_id} not found")
         summary = capacity_summary(tenant_id=tenant_id)
         if as_json:
             self.stdout.write(json.dumps(summary, indent=2))
@@ -110,50 +114,49 @@ class Command(BaseCommand):
         from rich.table import Table
 
         out: list[Any] = [f"Capacity for tenant [bold]{summary['tenantId']}[/bold]"]
-        pools = Table(title="Pools (whole GPUs)", title_justify="left")
-        for column in (
-            "pool",
-            "id",
-            "owner",
-            "model",
-            "sharing",
-            "total",
-            "allocated",
-            "reserved",
-            "available",
-        ):
-            pools.add_column(column)
+        counts = ("total", "allocatable", "allocated", "reserved", "available")
+        pools = Table(
+            title="Pools (the pool's GPU atoms: whole GPUs, MIG instances or slots)", title_justify="left"
+        )
+        for column in ("pool", "id", "model", "unit", *counts, "not allocatable"):
+            pools.add_column(column, justify="right" if column in counts else "left", no_wrap=column == "id")
         bars = self.stdout.isatty()
         if bars:
             pools.add_column("allocated / reserved / available")
+        partitioned: dict[str, dict[str, int]] = {}
         for pool in summary["pools"]:
-            gpu = next((row for row in pool["capacity"] if row["resource"] == "gpu"), None)
-            name = (
-                pool["name"]
-                + (" (offered)" if pool["offered"] else "")
-                + (" (archived)" if pool["archived"] else "")
-            )
-            numbers = [str(gpu[k]) if gpu else "-" for k in ("total", "allocated", "reserved", "available")]
-            cells = [
-                name,
-                pool["poolId"],
-                pool["ownerTenantId"],
-                pool["gpuModel"] or "other",
-                pool["sharing"],
-                *numbers,
-            ]
+            resource, unit = GPU_UNIT_OF_SHARING.get(pool["sharing"], ("gpu", "GPUs"))
+            row = next((r for r in pool["capacity"] if r["resource"] == resource), None)
+            name = pool["name"]
+            if pool["offered"]:
+                name += f" (offered by {pool['ownerTenantId']})"
+            if pool["archived"]:
+                name += " (archived)"
+            model = pool["gpuModel"] or "other"
+            cells = [name, pool["poolId"], model, unit]
+            cells += [str(row[k]) if row else "-" for k in counts]
+            cells.append(", ".join(f"{row[b]} {b}" for b in BUCKETS if row and row[b]) or "-")
             if bars:
-                cells.append(_bar(gpu) if gpu else "")
+                cells.append(_bar(row) if row else "")
             pools.add_row(*cells)
+            if row is not None and resource != "gpu":
+                sums = partitioned.setdefault(f"{model} {unit}", dict.fromkeys(MODEL_COUNTS, 0))
+                for k in MODEL_COUNTS:
+                    sums[k] += row[k]
         out.append(pools)
 
-        models = Table(title="By GPU model (gpu rows only)", title_justify="left")
-        for column in ("model", "total", "allocatable", "allocated", "reserved", "available"):
+        models = Table(
+            title="By GPU model (whole GPUs, as the API's byGpuModel; partitioned pools in their own units)",
+            title_justify="left",
+        )
+        for column in ("model", *MODEL_COUNTS):
             models.add_column(column, justify="left" if column == "model" else "right")
         for model, sums in summary["byGpuModel"].items():
-            models.add_row(
-                model, *(str(sums[k]) for k in ("total", "allocatable", "allocated", "reserved", "available"))
-            )
+            if model in {key.split(" ", 1)[0] for key in partitioned} and not sums["total"]:
+                continue  # a model served only by partitioned pools: its row below says it in its units
+            models.add_row(model, *(str(sums[k]) for k in MODEL_COUNTS))
+        for label, sums in sorted(partitioned.items()):
+            models.add_row(label, *(str(sums[k]) for k in MODEL_COUNTS))
         out.append(models)
 
         for pool in summary["pools"]:
@@ -161,6 +164,16 @@ class Command(BaseCommand):
             if others:
                 out.append(self._rows_table(f"{pool['name']}: other resources", others))
         self._emit(*out)
+
+
+# What a pool of each sharing mode hands out, and what to call it.
+GPU_UNIT_OF_SHARING = {
+    "exclusive": ("gpu", "GPUs"),
+    "mig": ("gpu.mig", "MIG instances"),
+    "timeslice": ("gpu.slot", "slots"),
+    "mps": ("gpu.slot", "slots"),
+}
+MODEL_COUNTS = ("total", "allocatable", "allocated", "reserved", "available")
 
 
 def _bar(row: dict[str, Any]) -> str:
