@@ -2,7 +2,8 @@
 
 Every method is `POST /api/compute/<group>/<method>` with a JSON object body.
 A view reads as: validate (`rpc_input`) → decide (`core.decisions`) → call one
-service or selector → serialize (`rpc_output`).
+service or selector → serialize (`rpc_output`); `rpc_tenant_input` and
+`rpc_platform_input` are the first two steps for the usual decisions.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from core.authentication import BearerTokenAuthentication, PrincipalRequired
+from core.authentication import BearerTokenAuthentication, PrincipalRequired, principal_of
 from core.constants import (  # noqa: F401  (re-exported for the apps' serializers)
     MAX_TIME_MS,
     NODE_ID_REGEX,
@@ -35,7 +36,8 @@ from core.constants import (  # noqa: F401  (re-exported for the apps' serialize
     RESERVATION_ID_REGEX,
     TENANT_ID_REGEX,
 )
-from core.errors import DomainError, InvalidInput
+from core.decisions import decide_platform, decide_tenant
+from core.errors import ERROR_CODES, DomainError, InvalidInput
 
 logger = logging.getLogger(__name__)
 
@@ -158,18 +160,7 @@ class ErrorSerializer(serializers.Serializer):
     """`{"error": {"code", "message", "details": [{"field", "message"}]}}`."""
 
     class ErrorBodySerializer(serializers.Serializer):
-        code = serializers.ChoiceField(
-            choices=[
-                "INVALID_INPUT",
-                "UNAUTHENTICATED",
-                "PERMISSION_DENIED",
-                "NOT_FOUND",
-                "CONFLICT",
-                "NO_CAPACITY",
-                "QUOTA_EXCEEDED",
-                "INTERNAL",
-            ]
-        )
+        code = serializers.ChoiceField(choices=list(ERROR_CODES))
         message = serializers.CharField()
         details = ErrorDetailSerializer(many=True)
 
@@ -394,6 +385,24 @@ def rpc_input(request: Request, serializer_class: type[serializers.BaseSerialize
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
     data: dict[str, Any] = dict(serializer.validated_data)
+    return data
+
+
+def rpc_tenant_input(
+    request: Request, serializer_class: type[serializers.BaseSerializer], *, permission: str
+) -> dict[str, Any]:
+    """`rpc_input`, then the decision on the body's tenant: a method "decided on the tenant"."""
+    data = rpc_input(request, serializer_class)
+    decide_tenant(principal=principal_of(request), tenant_id=data["tenant_id"], permission=permission)
+    return data
+
+
+def rpc_platform_input(
+    request: Request, serializer_class: type[serializers.BaseSerializer], *, permission: str
+) -> dict[str, Any]:
+    """`rpc_input`, then the decision on the platform: the node operations and node reports."""
+    data = rpc_input(request, serializer_class)
+    decide_platform(principal=principal_of(request), permission=permission)
     return data
 
 

@@ -73,6 +73,12 @@ def decide_tenant(*, principal: Principal, tenant_id: str, permission: str) -> N
         raise PermissionDenied("the credential does not grant this method on this tenant")
 
 
+def decide_platform_any(*, principal: Principal, permissions: tuple[str, ...]) -> None:
+    """PERMISSION_DENIED unless a platform binding grants one of `permissions`."""
+    if not any(has_permission(principal=principal, permission=p, tenant_id=None) for p in permissions):
+        raise PermissionDenied("the credential does not grant this method")
+
+
 def decide_platform(*, principal: Principal, permission: str) -> None:
     """PERMISSION_DENIED unless a platform binding grants `permission`."""
     if not has_permission(principal=principal, permission=permission, tenant_id=None):

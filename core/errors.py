@@ -6,8 +6,7 @@ from typing import Any, Self
 
 
 class DomainError(Exception):
-    code = "INTERNAL"
-    status = 500
+    code, status = "INTERNAL", 500
 
     def __init__(self, message: str, details: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
@@ -16,8 +15,7 @@ class DomainError(Exception):
 
 
 class InvalidInput(DomainError):
-    code = "INVALID_INPUT"
-    status = 400
+    code, status = "INVALID_INPUT", 400
 
     @classmethod
     def field(cls, field: str, message: str) -> InvalidInput:
@@ -39,23 +37,19 @@ class InvalidInput(DomainError):
 
 
 class Unauthenticated(DomainError):
-    code = "UNAUTHENTICATED"
-    status = 401
+    code, status = "UNAUTHENTICATED", 401
 
 
 class PermissionDenied(DomainError):
-    code = "PERMISSION_DENIED"
-    status = 403
+    code, status = "PERMISSION_DENIED", 403
 
 
 class NotFound(DomainError):
-    code = "NOT_FOUND"
-    status = 404
+    code, status = "NOT_FOUND", 404
 
 
 class Conflict(DomainError):
-    code = "CONFLICT"
-    status = 409
+    code, status = "CONFLICT", 409
 
 
 class IdempotencyConflict(Conflict):
@@ -63,10 +57,14 @@ class IdempotencyConflict(Conflict):
 
 
 class NoCapacity(DomainError):
-    code = "NO_CAPACITY"
-    status = 409
+    code, status = "NO_CAPACITY", 409
 
 
 class QuotaExceeded(DomainError):
-    code = "QUOTA_EXCEEDED"
-    status = 409
+    code, status = "QUOTA_EXCEEDED", 409
+
+
+# Every code an error answers with, in the contract's order, the catch-all last:
+# the enum of the error envelope in the OpenAPI document (`core.api.ErrorSerializer`).
+_ERRORS = (InvalidInput, Unauthenticated, PermissionDenied, NotFound, Conflict, NoCapacity, QuotaExceeded)
+ERROR_CODES: tuple[str, ...] = (*(error.code for error in _ERRORS), DomainError.code)

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidInput
-from inventory.choices import ALL_RESOURCES
-from inventory.models import (
+from inventory.choices import (
+    ALL_RESOURCES,
+    SLOT_SHARING,
     Connectivity,
     ProvisionState,
     Role,
@@ -153,7 +154,7 @@ def _parse_pool(errors: _Errors, path: str, raw: Any, tenants: dict[str, str]) -
         gpu_model = ""
     sharing = _choice(errors, f"{path}.sharing", raw.get("sharing", "exclusive"), list(Sharing.values))
     slots = None
-    if sharing in (Sharing.TIMESLICE, Sharing.MPS):
+    if sharing in SLOT_SHARING:
         slots = _int(errors, f"{path}.slotsPerGpu", raw.get("slotsPerGpu"), 1, 64)
     elif "slotsPerGpu" in raw:
         errors.add(f"{path}.slotsPerGpu", "only for timeslice or mps pools")

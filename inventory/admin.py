@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from core.admin import ReadOnlyAdmin
 from inventory.models import Device, NodeResource, Offering, Project, Taint
 
 # --- simple records -------------------------------------------------------------------------
@@ -36,22 +37,13 @@ class OfferingAdmin(admin.ModelAdmin):
 
 
 @admin.register(Taint)
-class TaintAdmin(admin.ModelAdmin):
+class TaintAdmin(ReadOnlyAdmin):
     """Read-only: the taint services keep the node's `noschedule_taints` in step."""
 
     list_display = ("node", "key", "value", "effect", "reason", "created_by", "created_at")
     list_filter = ("effect",)
     list_select_related = ("node",)
     search_fields = ("node__hostname", "key", "value", "reason")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(NodeResource)
@@ -75,7 +67,7 @@ class NodeResourceAdmin(admin.ModelAdmin):
 
 
 @admin.register(Device)
-class DeviceAdmin(admin.ModelAdmin):
+class DeviceAdmin(ReadOnlyAdmin):
     list_display = (
         "uid",
         "node",
@@ -102,15 +94,6 @@ class DeviceAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
     )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="model")
     def model_or_profile(self, obj: Device) -> str:

@@ -18,7 +18,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, DateTimeField, Func, IntegerField, OuterRef, Q, QuerySet, Subquery
-from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -44,6 +43,7 @@ from core.admin import OptionalReasonForm, ReasonForm, admin_actor, ops_page_con
 from core.errors import DomainError
 from inventory.models import Device, Node, Pool, TaintEffect
 from inventory.schedulability import BUCKETS, EXCLUDED, SCHEDULABLE, node_bucket, predicate_terms
+from inventory.selectors import node_bucket_expression
 from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup
 
 OPERATE_PERMISSION = "inventory.operate_nodes"
@@ -86,20 +86,6 @@ class ConsoleAdmin(admin.ModelAdmin):
         # admin's own views unquote it, and so must ours.
         extra = {**self.console_context(request, unquote(object_id)), **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
-
-
-def _bucket_expression() -> RawSQL:
-    # THE bucket SQL over the node row; the pool owner via a scalar subquery so
-    # the annotation stands alone (the paginator's COUNT(*) has no pool join).
-    from inventory.schedulability import bucket_sql
-
-    return RawSQL(  # noqa: S611 - fixed SQL from inventory.schedulability, no user input
-        bucket_sql(
-            n="inventory_node",
-            pool_owner="(SELECT p.owner_id FROM inventory_pool p WHERE p.id = inventory_node.pool_id)",
-        ),
-        [],
-    )
 
 
 def _gpu_atom_count(**filters: Any) -> Coalesce:
@@ -520,7 +506,7 @@ class NodeAdmin(ConsoleAdmin):
             super()
             .get_queryset(request)
             .annotate(
-                bucket=_bucket_expression(),
+                bucket=node_bucket_expression(),
                 gpu_atoms=_gpu_atom_count(),
                 gpu_atoms_healthy=_gpu_atom_count(healthy=True),
             )

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from core.api import StrictBooleanField, StrictCharField, StrictSerializer, node_id_field
+from core.api import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+    node_id_field,
+    pool_id_field,
+)
 from inventory.models import TaintEffect
+from inventory.schedulability import BUCKETS, EXCLUDED, SCHEDULABLE
+from inventory.selectors import NODE_LIST_DEFAULT, NODE_LIST_MAX
 
 REASON_MAX = 1000
 
@@ -57,6 +66,21 @@ class SetHealthInput(StrictSerializer):
     deviceUid = StrictCharField(max_length=255, source="device_uid")
     healthy = StrictBooleanField()
     reason = _reason(required=False)
+
+
+class NodeListInput(StrictSerializer):
+    poolId = pool_id_field(required=False)
+    bucket = serializers.ChoiceField(choices=[SCHEDULABLE, *BUCKETS, EXCLUDED], required=False)
+    hostnamePrefix = StrictCharField(max_length=253, required=False, source="hostname_prefix")
+    # DRF's metaclass takes declared fields off the class, so this does not shadow
+    # `Field.label` at run time; mypy only sees the class body.
+    label = StrictCharField(  # type: ignore[assignment]
+        max_length=512, required=False, help_text="`key=value` (that value) or `key` (any value)"
+    )
+    limit = StrictIntegerField(
+        min_value=1, max_value=NODE_LIST_MAX, required=False, default=NODE_LIST_DEFAULT
+    )
+    cursor = StrictCharField(max_length=1024, required=False, allow_null=True)
 
 
 class ReportInput(StrictSerializer):
@@ -128,6 +152,15 @@ class NodeSerializer(serializers.Serializer):
     resources = NodeResourceSerializer(many=True)
     atoms = DeviceSerializer(many=True)
     updatedAt = serializers.IntegerField()
+
+
+class NodeListItem(NodeSerializer):
+    atoms = None  # type: ignore[assignment]  # a list answers the nodes without their atoms
+
+
+class NodeListOutput(serializers.Serializer):
+    nodes = NodeListItem(many=True)
+    nextCursor = serializers.CharField(allow_null=True)
 
 
 class ReportOutput(serializers.Serializer):

@@ -21,6 +21,8 @@ from capacity.api.node_serializers import (
     DeviceSerializer,
     NodeGetInput,
     NodeInput,
+    NodeListInput,
+    NodeListOutput,
     NodeSerializer,
     ReportInput,
     ReportOutput,
@@ -30,24 +32,22 @@ from capacity.api.node_serializers import (
     UncordonInput,
     UntaintInput,
 )
-from core.api import RpcViewSet, rpc_action, rpc_input, rpc_output
+from core.api import RpcViewSet, rpc_action, rpc_input, rpc_output, rpc_platform_input
 from core.authentication import actor_of, principal_of
-from core.decisions import INVENTORY_REPORT, NODES_OPERATE, decide_platform
+from core.decisions import INVENTORY_REPORT, NODES_OPERATE, decide_platform_any
 from core.errors import InvalidInput
 from inventory import operations
 from inventory.models import Node
-from inventory.selectors import device_detail, device_get, devices_detail, node_detail, node_get
+from inventory.selectors import device_detail, device_get, devices_detail, node_detail, node_get, node_list
 from reservations.layouts import node_report_apply
 
-NODE_OPS = (
-    "Platform operators only (`compute:nodes:operate`). Existing bookings are kept; new placements stop."
-)
+OPERATORS_ONLY = "Platform operators only (`compute:nodes:operate`)."
+NODE_OPS = OPERATORS_ONLY + " Existing bookings are kept; new placements stop."
 TAINT_OPS = NODE_OPS + " A NoSchedule taint puts the node's atoms in the `unhealthy` bucket."
 
 
 def _operated_node(request: Request, serializer: type[NodeInput]) -> tuple[dict[str, Any], Node]:
-    data = rpc_input(request, serializer)
-    decide_platform(principal=principal_of(request), permission=NODES_OPERATE)
+    data = rpc_platform_input(request, serializer, permission=NODES_OPERATE)
     return data, node_get(node_id=data["node_id"])
 
 
@@ -88,11 +88,27 @@ class NodesViewSet(RpcViewSet):
         request=NodeGetInput,
         response=NodeSerializer,
         summary="A node with its state, bucket, taints, resources and atoms",
-        description="Platform operators only (`compute:nodes:operate`).",
+        description=OPERATORS_ONLY,
     )
     def get_node(self, request: Request) -> Response:
         _, node = _operated_node(request, NodeGetInput)
         return _node_answer(node)
+
+    @rpc_action(
+        "list",
+        request=NodeListInput,
+        response=NodeListOutput,
+        summary="Nodes in hostname order, by pool, bucket, hostname prefix or label",
+        description=(
+            "Operators (`compute:nodes:operate`) and node agents (`compute:inventory:report`). "
+            "Each node as `nodes/get` answers it, without its atoms; `nextCursor` pages on."
+        ),
+    )
+    def list_nodes(self, request: Request) -> Response:
+        data = rpc_input(request, NodeListInput)
+        decide_platform_any(principal=principal_of(request), permissions=(NODES_OPERATE, INVENTORY_REPORT))
+        nodes, next_cursor = node_list(**data)
+        return rpc_output(NodeListOutput, {"nodes": nodes, "nextCursor": next_cursor})
 
     cordon = _node_operation("cordon", CordonInput, operations.node_cordon, "Cordon a node")
     uncordon = _node_operation("uncordon", UncordonInput, operations.node_uncordon, "Uncordon a node")
@@ -117,8 +133,7 @@ class DevicesViewSet(RpcViewSet):
         description=NODE_OPS + " A partitioned GPU's MIG or slot atoms follow their parent.",
     )
     def set_health(self, request: Request) -> Response:
-        data = rpc_input(request, SetHealthInput)
-        decide_platform(principal=principal_of(request), permission=NODES_OPERATE)
+        data = rpc_platform_input(request, SetHealthInput, permission=NODES_OPERATE)
         device = device_get(uid=data["device_uid"])
         device = operations.device_set_health(
             device=device, healthy=data["healthy"], reason=data["reason"], actor=actor_of(request)
@@ -141,8 +156,7 @@ class InventoryViewSet(RpcViewSet):
         ),
     )
     def report(self, request: Request) -> Response:
-        data = rpc_input(request, ReportInput)
-        decide_platform(principal=principal_of(request), permission=INVENTORY_REPORT)
+        data = rpc_platform_input(request, ReportInput, permission=INVENTORY_REPORT)
         node = node_get(node_id=data["node_id"])
         try:
             devices = node_report_apply(node=node, report=data["report"], actor=actor_of(request))

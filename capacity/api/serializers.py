@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from capacity.selectors import SUMMED_FIELDS
 from core.api import StrictSerializer, pool_id_field, tenant_id_field
+from ledger.models import ROLLUP_COUNTS
+
+
+def _counts(names: tuple[str, ...], **help_texts: str) -> dict[str, serializers.Field]:
+    """An integer field per count, in the order of `names` (the selector's), described by `help_texts`."""
+    return {name: serializers.IntegerField(help_text=help_texts.get(name)) for name in names}
 
 
 class SummaryInput(StrictSerializer):
@@ -19,18 +26,15 @@ class ByPoolInput(StrictSerializer):
 class RollupRowSerializer(serializers.Serializer):
     """One pool and resource; `total` = `allocatable` + the four buckets."""
 
-    poolId = serializers.CharField()
-    resource = serializers.CharField()
-    total = serializers.IntegerField()
-    allocatable = serializers.IntegerField()
-    allocated = serializers.IntegerField()
-    reserved = serializers.IntegerField()
-    available = serializers.IntegerField(help_text="max(0, allocatable - allocated - reserved); conservative")
-    provisioning = serializers.IntegerField()
-    unhealthy = serializers.IntegerField()
-    maintenance = serializers.IntegerField()
-    unreachable = serializers.IntegerField()
-    updatedAt = serializers.IntegerField(help_text="milliseconds since the epoch")
+    # Declared here, not as class attributes, so that the counts are the ones
+    # the selector answers (`ROLLUP_COUNTS`, in the contract's order).
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {
+            "poolId": serializers.CharField(),
+            "resource": serializers.CharField(),
+            **_counts(ROLLUP_COUNTS, available="max(0, allocatable - allocated - reserved); conservative"),
+            "updatedAt": serializers.IntegerField(help_text="milliseconds since the epoch"),
+        }
 
 
 class ByPoolOutput(serializers.Serializer):
@@ -50,11 +54,10 @@ class SummaryPoolSerializer(serializers.Serializer):
 
 
 class GpuTotalsSerializer(serializers.Serializer):
-    total = serializers.IntegerField()
-    allocatable = serializers.IntegerField()
-    allocated = serializers.IntegerField()
-    reserved = serializers.IntegerField()
-    available = serializers.IntegerField()
+    # What `byGpuModel` sums from each pool's `gpu` row (`SUMMED_FIELDS`). A
+    # comment, not a docstring: the OpenAPI document would show a docstring.
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return _counts(SUMMED_FIELDS)
 
 
 class SummaryOutput(serializers.Serializer):

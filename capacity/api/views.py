@@ -10,9 +10,9 @@ from rest_framework.response import Response
 
 from capacity.api.serializers import ByPoolInput, ByPoolOutput, SummaryInput, SummaryOutput
 from capacity.selectors import capacity_summary, rollup_rows
-from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input
+from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input, rpc_tenant_input
 from core.authentication import principal_of
-from core.decisions import CAPACITY_READ, decide_tenant
+from core.decisions import CAPACITY_READ
 from inventory.access import decide_pool
 from inventory.models import Pool
 
@@ -70,8 +70,7 @@ class CapacityViewSet(RpcViewSet):
         ),
     )
     def summary(self, request: Request) -> Response:
-        data = rpc_input(request, SummaryInput)
-        decide_tenant(principal=principal_of(request), tenant_id=data["tenant_id"], permission=CAPACITY_READ)
+        data = rpc_tenant_input(request, SummaryInput, permission=CAPACITY_READ)
         # Already in the contract's shape; see `_by_pool`.
         return Response(capacity_summary(tenant_id=data["tenant_id"]))
 

@@ -8,13 +8,16 @@ pool, the project, the pool's sharing mode), so they never disagree on it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_input, rpc_output
+from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_output, rpc_tenant_input
 from core.authentication import actor_of, principal_of
-from core.decisions import CAPACITY_READ, RESERVATIONS_READ, RESERVATIONS_WRITE, decide_tenant
+from core.decisions import CAPACITY_READ, RESERVATIONS_READ, RESERVATIONS_WRITE
 from reservations.api.serializers import (
     PreviewOutput,
     ReservationListInput,
@@ -33,7 +36,34 @@ from reservations.selectors import (
 from reservations.services import reservation_create, reservation_release, reservation_renew
 from reservations.validation import reservation_request_resolve
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 CONFLICTS: dict[int, type[serializers.Serializer]] = {409: ErrorSerializer}
+
+
+def _reservation_action(
+    method: str,
+    summary: str,
+    description: str = "",
+    errors: dict[int, type[serializers.Serializer]] | None = None,
+) -> Callable[[F], F]:
+    """`get`, `release` and `renew`: `{tenantId, reservationId}` in, the reservation out."""
+    return rpc_action(
+        method,
+        request=ReservationRefInput,
+        response=ReservationOutput,
+        summary=summary,
+        description=description,
+        errors=errors,
+    )
+
+
+def _decided_on_pool(twin: str) -> str:
+    """The refusals `create` and `preview` share (`reservation_request_resolve`); each names the other."""
+    return (
+        "Decided on the pool; NOT_FOUND for a `projectId` that is not the tenant's, INVALID_INPUT for a "
+        f"device class or `sharing` the pool's sharing mode never serves, as `{twin}` answers."
+    )
 
 
 def _reservation_response(tenant_id: str, reservation_id: str, *, status: int = 200) -> Response:
@@ -58,9 +88,8 @@ class ReservationsViewSet(RpcViewSet):
             "Runs the placer and books the atoms in one transaction. 201 with the reservation; the same "
             "`idempotencyKey` with the same request answers 200 with the same reservation, with a "
             "different request CONFLICT. NO_CAPACITY (after `wait.timeoutMs`) carries the placer's reason; "
-            "QUOTA_EXCEEDED when the tenant's quota in the pool would be exceeded. Decided on the pool; "
-            "NOT_FOUND for a `projectId` that is not the tenant's, INVALID_INPUT for a device class or "
-            "`sharing` the pool's sharing mode never serves, as `capacity/preview` answers."
+            "QUOTA_EXCEEDED when the tenant's quota in the pool would be exceeded. "
+            + _decided_on_pool("capacity/preview")
         ),
     )
     def create_reservation(self, request: Request) -> Response:
@@ -79,12 +108,9 @@ class ReservationsViewSet(RpcViewSet):
             )
         return _reservation_response(resolved.request.tenant_id, reservation.pk)
 
-    @rpc_action("get", request=ReservationRefInput, response=ReservationOutput, summary="One reservation")
+    @_reservation_action("get", "One reservation")
     def get_reservation(self, request: Request) -> Response:
-        data = rpc_input(request, ReservationRefInput)
-        decide_tenant(
-            principal=principal_of(request), tenant_id=data["tenant_id"], permission=RESERVATIONS_READ
-        )
+        data = rpc_tenant_input(request, ReservationRefInput, permission=RESERVATIONS_READ)
         return _reservation_response(data["tenant_id"], data["reservation_id"])
 
     @rpc_action(
@@ -95,10 +121,7 @@ class ReservationsViewSet(RpcViewSet):
         description="Cursor-paginated on (createdAt, id); `nextCursor` is null on the last page.",
     )
     def list_reservations(self, request: Request) -> Response:
-        data = rpc_input(request, ReservationListInput)
-        decide_tenant(
-            principal=principal_of(request), tenant_id=data["tenant_id"], permission=RESERVATIONS_READ
-        )
+        data = rpc_tenant_input(request, ReservationListInput, permission=RESERVATIONS_READ)
         page, next_cursor = reservation_list(
             tenant_id=data["tenant_id"],
             pool_id=data.get("pool_id"),
@@ -111,20 +134,14 @@ class ReservationsViewSet(RpcViewSet):
             {"reservations": [reservation_payload(r) for r in page], "nextCursor": next_cursor},
         )
 
-    @rpc_action(
+    @_reservation_action(
         "release",
-        request=ReservationRefInput,
-        response=ReservationOutput,
-        summary="Release a reservation now",
-        description=(
-            "Its running bookings end at compute_now(), future ones are deleted; scalars, quota and "
-            "rollup counts are given back. Releasing twice answers the same."
-        ),
+        "Release a reservation now",
+        "Its running bookings end at compute_now(), future ones are deleted; scalars, quota and "
+        "rollup counts are given back. Releasing twice answers the same.",
     )
     def release_reservation(self, request: Request) -> Response:
-        data = rpc_input(request, ReservationRefInput)
-        principal = principal_of(request)
-        decide_tenant(principal=principal, tenant_id=data["tenant_id"], permission=RESERVATIONS_WRITE)
+        data = rpc_tenant_input(request, ReservationRefInput, permission=RESERVATIONS_WRITE)
         # The service locks the row filtered by tenant (NOT_FOUND otherwise): no read before it.
         reservation = reservation_release(
             reservation=Reservation(pk=data["reservation_id"]),
@@ -133,20 +150,14 @@ class ReservationsViewSet(RpcViewSet):
         )
         return _reservation_response(data["tenant_id"], reservation.pk)
 
-    @rpc_action(
+    @_reservation_action(
         "renew",
-        request=ReservationRefInput,
-        response=ReservationOutput,
+        "Renew a reservation's lease",
+        "A new `leaseExpiresAt`, `leaseSeconds` from now. CONFLICT without a lease or once ended.",
         errors=CONFLICTS,
-        summary="Renew a reservation's lease",
-        description=(
-            "A new `leaseExpiresAt`, `leaseSeconds` from now. CONFLICT without a lease or once ended."
-        ),
     )
     def renew_reservation(self, request: Request) -> Response:
-        data = rpc_input(request, ReservationRefInput)
-        principal = principal_of(request)
-        decide_tenant(principal=principal, tenant_id=data["tenant_id"], permission=RESERVATIONS_WRITE)
+        data = rpc_tenant_input(request, ReservationRefInput, permission=RESERVATIONS_WRITE)
         reservation = reservation_get(tenant_id=data["tenant_id"], reservation_id=data["reservation_id"])
         reservation_renew(reservation=reservation, actor=actor_of(request))
         return _reservation_response(data["tenant_id"], reservation.pk)
@@ -164,9 +175,8 @@ class PreviewViewSet(RpcViewSet):
             "The reservations.create input, validated the same way. Nothing is written and no quota is "
             "checked. Up to 10 ranked candidates; with `gang` the members of the best gang; with "
             "`binding: node` the whole nodes. `preemptible` gives how many spot reservations a regular "
-            "request would displace and when it would start, never their ids. Decided on the pool; "
-            "NOT_FOUND for a `projectId` that is not the tenant's, INVALID_INPUT for a device class or "
-            "`sharing` the pool's sharing mode never serves, as `reservations/create` answers."
+            "request would displace and when it would start, never their ids. "
+            + _decided_on_pool("reservations/create")
         ),
     )
     def preview(self, request: Request) -> Response:

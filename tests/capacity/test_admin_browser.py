@@ -34,6 +34,7 @@ from tests.support.factories import (
     ReservationFactory,
     TaintFactory,
     TenantFactory,
+    partitioned_gpu,
 )
 from tests.support.paths import ROOT
 
@@ -91,17 +92,8 @@ def fleet(db: Any) -> tuple[Pool, Node]:
             uid=f"GPU-a001-{index}",
             attributes={"gpuModel": "H100", "vramGiB": 80, "numaNode": index // 4},
         )
-    parent = DeviceFactory(
-        node=node, uid="GPU-a001-7", bookable=False, attributes={"gpuModel": "H100", "numaNode": 1}
-    )
-    for g in (1, 2):
-        DeviceFactory(
-            node=node,
-            uid=f"GPU-a001-7/gi{g}/ci0",
-            device_class="gpu.mig",
-            parent=parent,
-            attributes={"migProfile": "3g.40gb", "memoryGiB": 40, "numaNode": 1},
-        )
+    instances = {f"gi{g}/ci0": {"migProfile": "3g.40gb", "memoryGiB": 40, "numaNode": 1} for g in (1, 2)}
+    partitioned_gpu(node, "GPU-a001-7", "gpu.mig", instances, attributes={"gpuModel": "H100", "numaNode": 1})
     NodeResourceFactory(node=node, resource="vcpu", allocatable=224, allocated=64)
     NodeResourceFactory(node=node, resource="memoryGiB", allocatable=2016, allocated=512)
     TaintFactory(

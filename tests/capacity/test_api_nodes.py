@@ -216,3 +216,61 @@ def test_a_malformed_report_names_its_fields_under_report(
     status, body = post_json(node_agent_client, "inventory/report", {"nodeId": gpu_node.pk, "report": []})
     assert status == 400
     assert {d["field"] for d in body["error"]["details"]} == {"report"}
+
+
+@pytest.mark.django_db
+def test_nodes_list_filters_by_pool_bucket_prefix_and_label_and_pages_in_hostname_order(
+    operator_client: APIClient, node_agent_client: APIClient, owner_client: APIClient
+) -> None:
+    pool = PoolFactory.create()
+    other = PoolFactory.create()
+    names = [f"gpu-b-{index:03d}" for index in range(5)]
+    for index, hostname in enumerate(names):
+        NodeFactory.create(
+            pool=pool, hostname=hostname, cordoned=index == 0, labels={"rack": "r1" if index < 3 else "r2"}
+        )
+    NodeFactory.create(pool=other, hostname="gpu-c-000")
+
+    status, body = post_json(operator_client, "nodes/list", {"poolId": pool.pk, "limit": 2})
+    assert status == 200, body
+    assert [n["hostname"] for n in body["nodes"]] == names[:2]
+    assert "atoms" not in body["nodes"][0]
+    assert {"id", "bucket", "taints", "resources", "cordoned"} <= set(body["nodes"][0])
+    seen = [n["hostname"] for n in body["nodes"]]
+    while body["nextCursor"]:
+        status, body = post_json(
+            operator_client, "nodes/list", {"poolId": pool.pk, "limit": 2, "cursor": body["nextCursor"]}
+        )
+        assert status == 200, body
+        seen += [n["hostname"] for n in body["nodes"]]
+    assert seen == names
+
+    def hostnames(**filters: Any) -> list[str]:
+        status, answer = post_json(operator_client, "nodes/list", filters)
+        assert status == 200, answer
+        return [n["hostname"] for n in answer["nodes"]]
+
+    assert hostnames(poolId=pool.pk, bucket="maintenance") == names[:1]
+    assert hostnames(poolId=pool.pk, bucket="schedulable") == names[1:]
+    assert hostnames(hostnamePrefix="gpu-c-") == ["gpu-c-000"]
+    assert hostnames(poolId=pool.pk, label="rack=r2") == names[3:]
+    assert hostnames(poolId=pool.pk, label="rack") == names
+
+    # Node agents may list; tenants may not; a forged cursor is bad input.
+    assert post_json(node_agent_client, "nodes/list", {"limit": 1})[0] == 200
+    status, answer = post_json(owner_client, "nodes/list", {})
+    assert (status, answer["error"]["code"]) == (403, "PERMISSION_DENIED")
+    status, answer = post_json(operator_client, "nodes/list", {"cursor": "bm90LWEtY3Vyc29y"})
+    assert (status, answer["error"]["details"][0]["field"]) == (400, "cursor")
+    status, answer = post_json(operator_client, "nodes/list", {"bucket": "sleepy"})
+    assert (status, answer["error"]["details"][0]["field"]) == (400, "bucket")
+
+
+@pytest.mark.django_db
+def test_set_maintenance_needs_no_reason_as_the_contract_says(
+    operator_client: APIClient, gpu_node: Node
+) -> None:
+    status, body = post_json(operator_client, "nodes/setMaintenance", {"nodeId": gpu_node.pk, "on": True})
+    assert status == 200, body
+    assert (body["maintenance"], body["bucket"]) == (True, "maintenance")
+    assert audit_trail(gpu_node) == ["node.maintenance.on"]

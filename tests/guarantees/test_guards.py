@@ -33,9 +33,10 @@ from tests.support.factories import (
     NodeResourceFactory,
     PoolFactory,
     QuotaUsageFactory,
+    partitioned_gpu,
 )
 from tests.support.placement import gpu_request
-from tests.support.threads import JOIN_SECONDS, Worker, wait_until_blocked_on_lock
+from tests.support.threads import JOIN_SECONDS, Worker, wait_until_blocked_on_lock, workers_race, workers_run
 
 
 @pytest.fixture
@@ -112,10 +113,7 @@ def test_guard1_two_placements_racing_for_the_last_atoms_one_wins_the_other_repl
     second = one_node(pool, 2)
     # Both placements plan before either books: each has chosen the same best node.
     hold_two_placements_until_both_planned(hooks)
-    workers = [Worker(attempt(gpu_request(pool, 2))) for _ in range(2)]
-    for worker in workers:
-        worker.start()
-    results = [worker.finish() for worker in workers]
+    results = [w.result for w in workers_run([attempt(gpu_request(pool, 2)) for _ in range(2)])]
     assert all(isinstance(r, ReservationCreated) and r.created for r in results), results
     nodes = {Reservation.objects.get(pk=r.reservation.pk).allocations.get().node_id for r in results}
     # The loser's booking INSERT came back short; it rolled back its savepoint and replanned.
@@ -130,10 +128,7 @@ def test_guard1_the_loser_gets_no_capacity_when_nothing_is_left(
     pool = PoolFactory()
     one_node(pool, 2)
     hold_two_placements_until_both_planned(hooks)
-    workers = [Worker(attempt(gpu_request(pool, 2))) for _ in range(2)]
-    for worker in workers:
-        worker.start()
-    results = [worker.finish() for worker in workers]
+    results = [w.result for w in workers_run([attempt(gpu_request(pool, 2)) for _ in range(2)])]
     assert sum(isinstance(r, ReservationCreated) for r in results) == 1
     assert sum(isinstance(r, NoCapacity) for r in results) == 1
     assert DeviceBooking.objects.count() == 2
@@ -145,16 +140,7 @@ def test_guard1_many_concurrent_creates_never_double_book() -> None:
     pool = PoolFactory()
     for _ in range(3):
         one_node(pool, 4)
-    start = threading.Barrier(8)
-
-    def run() -> Any:
-        start.wait(JOIN_SECONDS)
-        return attempt(gpu_request(pool, 2))()
-
-    workers = [Worker(run) for _ in range(8)]
-    for worker in workers:
-        worker.start()
-    results = [worker.finish() for worker in workers]
+    results = [w.result for w in workers_race([attempt(gpu_request(pool, 2)) for _ in range(8)])]
     assert sum(isinstance(r, ReservationCreated) for r in results) == 6  # 12 GPUs, 2 each
     assert sum(isinstance(r, NoCapacity) for r in results) == 2
     assert DeviceBooking.objects.count() == 12
@@ -168,13 +154,7 @@ def test_guard1_many_concurrent_creates_never_double_book() -> None:
 def test_guard2_a_partitioned_parent_is_never_offered_and_a_layout_change_blocks_its_atoms() -> None:
     pool = PoolFactory(sharing="mig")
     node = NodeFactory(pool=pool)
-    parent = DeviceFactory(node=node, uid="GPU-parent", bookable=False)
-    children = [
-        DeviceFactory(
-            node=node, uid=f"GPU-parent/gi{g}/ci0", device_class="gpu.mig", parent=parent, attributes={}
-        )
-        for g in range(2)
-    ]
+    parent, children = partitioned_gpu(node, "GPU-parent", "gpu.mig", {f"gi{g}/ci0": {} for g in range(2)})
     now = compute_now()
     window = DateTimeTZRange(now, now + timedelta(minutes=10))
     for device in [parent, *children]:
@@ -200,16 +180,8 @@ def test_guard3_scalar_claims_never_exceed_allocatable_times_ratio_under_concurr
     pool = PoolFactory()
     node = one_node(pool, 8)
     NodeResourceFactory(node=node, resource="vcpu", allocatable=10)
-    start = threading.Barrier(5)
-
-    def run() -> Any:
-        start.wait(JOIN_SECONDS)
-        return attempt(gpu_request(pool, 1, resources={"vcpu": 4}))()
-
-    workers = [Worker(run) for _ in range(5)]
-    for worker in workers:
-        worker.start()
-    results = [worker.finish() for worker in workers]
+    attempts = [attempt(gpu_request(pool, 1, resources={"vcpu": 4})) for _ in range(5)]
+    results = [w.result for w in workers_race(attempts)]
     assert sum(isinstance(r, ReservationCreated) for r in results) == 2
     assert sum(isinstance(r, NoCapacity) for r in results) == 3
     assert NodeResource.objects.get(node=node).allocated == 8
@@ -326,16 +298,7 @@ def test_guard5_quota_is_never_exceeded_under_concurrency() -> None:
     pool = PoolFactory()
     one_node(pool, 8)
     QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=3)
-    start = threading.Barrier(5)
-
-    def run() -> Any:
-        start.wait(JOIN_SECONDS)
-        return attempt(gpu_request(pool, 1))()
-
-    workers = [Worker(run) for _ in range(5)]
-    for worker in workers:
-        worker.start()
-    results = [worker.finish() for worker in workers]
+    results = [w.result for w in workers_race([attempt(gpu_request(pool, 1)) for _ in range(5)])]
     assert sum(isinstance(r, ReservationCreated) for r in results) == 3
     assert sum(isinstance(r, QuotaExceeded) for r in results) == 2
     assert QuotaUsage.objects.get(pool=pool).used == 3
@@ -396,17 +359,9 @@ def test_two_identical_creates_racing_make_one_reservation() -> None:
     pool = PoolFactory()
     one_node(pool, 8)
     request = gpu_request(pool, 1, idempotency_key="race")
-    start = threading.Barrier(2)
-
-    def run() -> Any:
-        start.wait(JOIN_SECONDS)
-        return reservation_create(request=request, actor="t")
-
-    workers = [Worker(run) for _ in range(2)]
-    for worker in workers:
-        worker.start()
-    results = [worker.finish() for worker in workers]
+    workers = workers_race([lambda: reservation_create(request=request, actor="t")] * 2)
     assert all(w.error is None for w in workers), [w.error for w in workers]
+    results = [w.result for w in workers]
     assert len({r.reservation.pk for r in results}) == 1
     assert sorted(r.created for r in results) == [False, True]
     assert Reservation.objects.count() == 1 and DeviceBooking.objects.count() == 1
@@ -429,12 +384,10 @@ def test_a_concurrent_mix_of_creates_and_releases_keeps_every_invariant() -> Non
         NodeResourceFactory(node=node, resource="vcpu", allocatable=12)
     QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=9)
     later = int((compute_now() + timedelta(hours=2)).timestamp() * 1000)
-    start = threading.Barrier(4)
 
     def client(seed: int) -> None:
         rng = random.Random(seed)  # a fixed mix per worker
         mine: list[Reservation] = []
-        start.wait(JOIN_SECONDS)
         for _ in range(12):
             if mine and rng.random() < 0.4:
                 reservation_release(reservation=mine.pop(rng.randrange(len(mine))), actor="mix")
@@ -446,11 +399,7 @@ def test_a_concurrent_mix_of_creates_and_releases_keeps_every_invariant() -> Non
             if isinstance(result, ReservationCreated):
                 mine.append(result.reservation)
 
-    workers = [Worker(lambda seed=seed: client(seed)) for seed in range(4)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.finish()
+    for worker in workers_race([lambda seed=seed: client(seed) for seed in range(4)]):
         assert worker.error is None, worker.error
 
     assert_no_overlapping_bookings()

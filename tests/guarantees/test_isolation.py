@@ -47,8 +47,8 @@ from inventory.models import Device, Node, Pool
 from reservations.request import parse_reservation_request
 from reservations.services import reservation_create
 from tests.support.api import bearer_client, post
+from tests.support.commands import run_python
 from tests.support.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
-from tests.support.paths import ROOT
 
 CALLER = "acme"
 POOL_KINDS = ("owned", "offered", "foreign", "archived")
@@ -370,8 +370,6 @@ def test_the_bearer_api_does_not_accept_an_admin_session() -> None:
 
 def test_check_deploy_is_clean_with_production_settings() -> None:
     import os
-    import subprocess
-    import sys
 
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("DEBUG", "DJANGO_SETTINGS_MODULE")},
@@ -383,13 +381,6 @@ def test_check_deploy_is_clean_with_production_settings() -> None:
         "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
         "SECURE_HSTS_PRELOAD": "1",
     }
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = run_python("manage.py", "check", "--deploy", "--fail-level", "WARNING", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout

@@ -31,6 +31,7 @@ from tests.support.factories import (
     NodeResourceFactory,
     PoolFactory,
     ProjectFactory,
+    partitioned_gpu,
 )
 
 FITS = "fits"
@@ -82,15 +83,8 @@ def _host(pool: Pool, hostname: str) -> Node:
 def _fractional_host(pool: Pool, hostname: str, child_class: str, children: list[dict[str, Any]]) -> Node:
     """A host whose one GPU is not bookable itself, only its MIG instances or slots are."""
     node = NodeFactory.create(pool=pool, hostname=hostname)
-    parent = DeviceFactory.create(node=node, uid=f"GPU-{hostname}-0", bookable=False)
-    for index, attributes in enumerate(children):
-        DeviceFactory.create(
-            node=node,
-            uid=f"{parent.uid}/{index}",
-            device_class=child_class,
-            parent=parent,
-            attributes=attributes,
-        )
+    parts = {str(index): attributes for index, attributes in enumerate(children)}
+    partitioned_gpu(node, f"GPU-{hostname}-0", child_class, parts)
     return node
 
 

@@ -16,7 +16,7 @@ from reservations.placer.plan import placement_plan, placement_window
 from reservations.request_types import ReservationRequest
 from reservations.selectors import reservation_get, reservation_payload, reservation_state
 from reservations.services import reservation_create
-from tests.support.factories import DeviceFactory, NodeFactory, PoolFactory, TaintFactory
+from tests.support.factories import DeviceFactory, NodeFactory, PoolFactory, TaintFactory, partitioned_gpu
 from tests.support.placement import gpu_request, make_node
 
 
@@ -139,16 +139,8 @@ def test_archived_pool_does_not_place(pool: Pool) -> None:
 @pytest.mark.django_db
 def test_mig_and_slot_classes_must_fit_the_pool() -> None:
     mig_pool = PoolFactory(sharing="mig")
-    node = NodeFactory(pool=mig_pool)
-    parent = DeviceFactory(node=node, uid="GPU-mig-0", bookable=False)
-    for gi in range(3):
-        DeviceFactory(
-            node=node,
-            uid=f"GPU-mig-0/gi{gi}/ci0",
-            device_class="gpu.mig",
-            parent=parent,
-            attributes={"migProfile": "2g.20gb", "memoryGiB": 20, "numaNode": 0},
-        )
+    instances = {f"gi{gi}/ci0": {"migProfile": "2g.20gb", "memoryGiB": 20, "numaNode": 0} for gi in range(3)}
+    partitioned_gpu(NodeFactory(pool=mig_pool), "GPU-mig-0", "gpu.mig", instances)
     plan = plan_for(
         gpu_request(mig_pool, 2, device_class="gpu.mig", selector={"migProfile": {"eq": "2g.20gb"}})
     )
@@ -158,16 +150,8 @@ def test_mig_and_slot_classes_must_fit_the_pool() -> None:
     assert not plan.fits and plan.reason is not None and plan.reason.code == "SHARING_MISMATCH"
 
     slot_pool = PoolFactory(sharing="timeslice", slots_per_gpu=4)
-    slot_node = NodeFactory(pool=slot_pool)
-    slot_parent = DeviceFactory(node=slot_node, uid="GPU-ts-0", bookable=False)
-    for k in range(4):
-        DeviceFactory(
-            node=slot_node,
-            uid=f"GPU-ts-0/s{k}",
-            device_class="gpu.slot",
-            parent=slot_parent,
-            attributes={"slotIndex": k, "numaNode": 0},
-        )
+    slots = {f"s{k}": {"slotIndex": k, "numaNode": 0} for k in range(4)}
+    partitioned_gpu(NodeFactory(pool=slot_pool), "GPU-ts-0", "gpu.slot", slots)
     plan = plan_for(gpu_request(slot_pool, 3, device_class="gpu.slot"))
     assert plan.fits and len(plan.options[0].members[0].atoms) == 3
     assert not plan_for(gpu_request(slot_pool, 1, device_class="gpu.mig")).fits

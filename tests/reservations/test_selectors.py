@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from core.errors import InvalidInput
@@ -20,9 +20,7 @@ from reservations.selectors_parse import (
     selector_to_api,
     selector_to_cli,
 )
-
-# No deadline: a busy machine must not turn a slow example into a failure.
-no_deadline = settings(deadline=None)
+from tests.support.properties import no_deadline, on_arbitrary_and_near_miss_text, parsed_or_none
 
 FIELD = "devices[0].selector"
 
@@ -239,26 +237,13 @@ def test_generated_selectors_round_trip_through_the_cli_form(selector: Selector)
     assert parse_cli_selector(selector_to_cli(selector)) == selector
 
 
-@no_deadline
-@given(st.text(max_size=120))
-def test_arbitrary_cli_text_raises_only_the_parsers_error(text: str) -> None:
-    try:
-        selector = parse_cli_selector(text)
-    except SelectorSyntaxError:
-        return
+@on_arbitrary_and_near_miss_text(
+    st.text(max_size=120), st.from_regex(r"\A[a-zA-Z. ,()!=<>\"'\\0-9-]{0,40}\Z")
+)
+def test_cli_text_raises_only_the_parsers_error(texts: st.SearchStrategy[str], data: st.DataObject) -> None:
+    selector = parsed_or_none(parse_cli_selector, data.draw(texts), SelectorSyntaxError)
     # What it accepts is a valid selector in every form.
-    assert normalize_selector(selector_to_api(selector), field=FIELD) == selector
-
-
-@no_deadline
-@given(st.from_regex(r"\A[a-zA-Z. ,()!=<>\"'\\0-9-]{0,40}\Z"))
-def test_near_miss_cli_text_raises_only_the_parsers_error(text: str) -> None:
-    try:
-        selector = parse_cli_selector(text)
-    except SelectorSyntaxError:
-        return
-    # What it accepts is a valid selector in every form.
-    assert normalize_selector(selector_to_api(selector), field=FIELD) == selector
+    assert selector is None or normalize_selector(selector_to_api(selector), field=FIELD) == selector
 
 
 json_values = st.recursive(

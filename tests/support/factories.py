@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import factory
 from django.utils import timezone
@@ -41,20 +42,25 @@ class PoolFactory(factory.django.DjangoModelFactory):
     sharing = "exclusive"
 
 
-class OfferingFactory(factory.django.DjangoModelFactory):
+class TenantInPoolFactory(factory.django.DjangoModelFactory):
+    """The base of what a tenant has in a pool: an offering, a quota, a reservation."""
+
+    class Meta:
+        abstract = True
+
+    pool = factory.SubFactory(PoolFactory)
+    tenant = factory.SubFactory(TenantFactory)
+
+
+class OfferingFactory(TenantInPoolFactory):
     class Meta:
         model = Offering
 
-    pool = factory.SubFactory(PoolFactory)
-    tenant = factory.SubFactory(TenantFactory)
 
-
-class QuotaUsageFactory(factory.django.DjangoModelFactory):
+class QuotaUsageFactory(TenantInPoolFactory):
     class Meta:
         model = QuotaUsage
 
-    pool = factory.SubFactory(PoolFactory)
-    tenant = factory.SubFactory(TenantFactory)
     resource = "gpu"
     max = 16
 
@@ -68,42 +74,46 @@ class NodeFactory(factory.django.DjangoModelFactory):
     labels = factory.LazyFunction(lambda: {"fabric": "ib-1", "rack": "r01"})
 
 
-class TaintFactory(factory.django.DjangoModelFactory):
+class OnNodeFactory(factory.django.DjangoModelFactory):
+    """The base of what a node has: its taints, its scalar resources, its devices, its allocations."""
+
+    class Meta:
+        abstract = True
+
+    node = factory.SubFactory(NodeFactory)
+
+
+class TaintFactory(OnNodeFactory):
     class Meta:
         model = Taint
 
-    node = factory.SubFactory(NodeFactory)
     key = factory.Sequence(lambda n: f"key-{n}")
     effect = "PreferNoSchedule"
 
 
-class NodeResourceFactory(factory.django.DjangoModelFactory):
+class NodeResourceFactory(OnNodeFactory):
     class Meta:
         model = NodeResource
 
-    node = factory.SubFactory(NodeFactory)
     resource = "vcpu"
     allocatable = 64
 
 
-class DeviceFactory(factory.django.DjangoModelFactory):
+class DeviceFactory(OnNodeFactory):
     class Meta:
         model = Device
 
     uid = factory.LazyFunction(lambda: f"GPU-{uuid.uuid4()}")
-    node = factory.SubFactory(NodeFactory)
     device_class = "gpu"
     attributes = factory.LazyFunction(
         lambda: {"gpuProduct": "NVIDIA H100 80GB HBM3", "gpuModel": "H100", "vramGiB": 80, "numaNode": 0}
     )
 
 
-class ReservationFactory(factory.django.DjangoModelFactory):
+class ReservationFactory(TenantInPoolFactory):
     class Meta:
         model = Reservation
 
-    tenant = factory.SubFactory(TenantFactory)
-    pool = factory.SubFactory(PoolFactory)
     request = factory.LazyFunction(dict)
     request_digest = "0" * 64
     idempotency_key = factory.Sequence(lambda n: f"key-{n}")
@@ -112,14 +122,29 @@ class ReservationFactory(factory.django.DjangoModelFactory):
     state = "active"
 
 
-class AllocationFactory(factory.django.DjangoModelFactory):
+class AllocationFactory(OnNodeFactory):
     class Meta:
         model = Allocation
 
     reservation = factory.SubFactory(ReservationFactory)
-    node = factory.SubFactory(NodeFactory)
 
 
 def gpus(node: Node, count: int, **fields: object) -> list[Device]:
     """`count` whole GPUs on `node`."""
     return [DeviceFactory.create(node=node, **fields) for _ in range(count)]
+
+
+def partitioned_gpu(
+    node: Node, uid: str, part_class: str, parts: dict[str, dict[str, Any]], **gpu_fields: Any
+) -> tuple[Device, list[Device]]:
+    """A GPU `uid` on `node` that is never bookable itself, and its bookable parts (MIG instances or
+    time-slice slots) of `part_class`: one `uid/<suffix>` for each suffix in `parts`, with its attributes.
+    """
+    gpu = DeviceFactory.create(node=node, uid=uid, bookable=False, **gpu_fields)
+    made = [
+        DeviceFactory.create(
+            node=node, uid=f"{uid}/{suffix}", device_class=part_class, parent=gpu, attributes=attributes
+        )
+        for suffix, attributes in parts.items()
+    ]
+    return gpu, made

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from django.db import connection, connections
@@ -51,6 +51,30 @@ class Worker(threading.Thread):
         self.finish()
         if self.error is not None:
             raise self.error
+
+
+def workers_run(targets: Iterable[Callable[[], Any]]) -> list[Worker]:
+    """A Worker for each target, all started before any is waited for; once every one has finished."""
+    workers = [Worker(target) for target in targets]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.finish()
+    return workers
+
+
+def workers_race(targets: Sequence[Callable[[], Any]]) -> list[Worker]:
+    """`workers_run`, each worker held at one barrier until all are running, so that they set off together."""
+    start = threading.Barrier(len(targets))
+
+    def released(target: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            start.wait(JOIN_SECONDS)
+            return target()
+
+        return run
+
+    return workers_run(released(target) for target in targets)
 
 
 def wait_until_blocked_on_lock(worker: Worker) -> None:

@@ -97,15 +97,9 @@ class Command(BaseCommand):
         if not self.stdout.isatty():
             yield lambda done, total: None
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from core.progress import progress_bar
 
-        with Progress(
-            TextColumn("rebuilding pools"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            transient=True,
-        ) as bar:
+        with progress_bar("rebuilding pools") as bar:
             task_ids: list[Any] = []
 
             def tick(done: int, total: int) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from core.errors import Conflict, InvalidInput
+from core.progress import progress_bar
 from fleets.load import fleet_load
 
 
@@ -33,14 +33,7 @@ class Command(BaseCommand):
         started = time.monotonic()
         try:
             if console.is_terminal:
-                with Progress(
-                    TextColumn("loading nodes"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    console=console,
-                    transient=True,
-                ) as bar:
+                with progress_bar("loading nodes", console=console) as bar:
                     task = bar.add_task(
                         "nodes", total=len(data.get("nodes", [])) if isinstance(data, dict) else 0
                     )

@@ -36,72 +36,87 @@ from inventory.schedulability import schedulable_sql
 TABLES = ("torture_events", "torture_commits")
 
 
+_TABLES_SQL = """
+CREATE SEQUENCE torture_commit_seq;
+CREATE TABLE torture_events (
+    id bigserial PRIMARY KEY,
+    xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    kind text NOT NULL,
+    node_id text,
+    device_id bigint,
+    allocation_id text,
+    eligible boolean
+);
+CREATE INDEX torture_events_node ON torture_events (kind, node_id);
+CREATE INDEX torture_events_device ON torture_events (kind, device_id);
+CREATE TABLE torture_commits (xid xid8 PRIMARY KEY, seq bigint NOT NULL);
+"""
+
+
+def _row_trigger_sql(
+    name: str, function: str, *, after: str, body: str, when: str = "", deferred: bool = False
+) -> str:
+    """The plpgsql `function` (`body`, then RETURN NULL) and the row trigger `name` that runs it `after`.
+
+    `when` is the trigger's condition, if any; a `deferred` trigger is a constraint trigger run at COMMIT.
+    """
+    create = "CONSTRAINT TRIGGER" if deferred else "TRIGGER"
+    timing = f"AFTER {after}" + (" DEFERRABLE INITIALLY DEFERRED" if deferred else "")
+    condition = f" WHEN ({when})" if when else ""
+    return f"""
+    CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        {body}
+        RETURN NULL;
+    END $$;
+    CREATE {create} {name} {timing}
+        FOR EACH ROW{condition} EXECUTE FUNCTION {function}();
+    """
+
+
 def _install_sql() -> str:
     predicate = schedulable_sql("n", "p.owner_id")
-    return f"""
-    DROP TRIGGER IF EXISTS torture_node_state ON inventory_node;
-    DROP TRIGGER IF EXISTS torture_device_state ON inventory_device;
-    DROP TRIGGER IF EXISTS torture_booking ON device_bookings;
-    DROP TABLE IF EXISTS torture_events, torture_commits;
-    DROP SEQUENCE IF EXISTS torture_commit_seq;
-    CREATE SEQUENCE torture_commit_seq;
-    CREATE TABLE torture_events (
-        id bigserial PRIMARY KEY,
-        xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
-        kind text NOT NULL,
-        node_id text,
-        device_id bigint,
-        allocation_id text,
-        eligible boolean
-    );
-    CREATE INDEX torture_events_node ON torture_events (kind, node_id);
-    CREATE INDEX torture_events_device ON torture_events (kind, device_id);
-    CREATE TABLE torture_commits (xid xid8 PRIMARY KEY, seq bigint NOT NULL);
-
-    CREATE OR REPLACE FUNCTION torture_log_node() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF (OLD.cordoned, OLD.maintenance, OLD.noschedule_taints)
+    node_state = _row_trigger_sql(
+        "torture_node_state",
+        "torture_log_node",
+        after="UPDATE ON inventory_node",
+        body=f"""IF (OLD.cordoned, OLD.maintenance, OLD.noschedule_taints)
            IS DISTINCT FROM (NEW.cordoned, NEW.maintenance, NEW.noschedule_taints) THEN
             INSERT INTO torture_events (kind, node_id, eligible)
             SELECT 'node', n.id, {predicate}
               FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id WHERE n.id = NEW.id;
-        END IF;
-        RETURN NULL;
-    END $$;
-    CREATE TRIGGER torture_node_state AFTER UPDATE ON inventory_node
-        FOR EACH ROW EXECUTE FUNCTION torture_log_node();
-
-    CREATE OR REPLACE FUNCTION torture_log_device() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF (OLD.healthy, OLD.bookable) IS DISTINCT FROM (NEW.healthy, NEW.bookable) THEN
+        END IF;""",
+    )
+    device_state = _row_trigger_sql(
+        "torture_device_state",
+        "torture_log_device",
+        after="UPDATE ON inventory_device",
+        body="""IF (OLD.healthy, OLD.bookable) IS DISTINCT FROM (NEW.healthy, NEW.bookable) THEN
             INSERT INTO torture_events (kind, node_id, device_id, eligible)
             VALUES ('device', NEW.node_id, NEW.id, NEW.healthy AND NEW.bookable);
-        END IF;
-        RETURN NULL;
-    END $$;
-    CREATE TRIGGER torture_device_state AFTER UPDATE ON inventory_device
-        FOR EACH ROW EXECUTE FUNCTION torture_log_device();
-
-    CREATE OR REPLACE FUNCTION torture_log_booking() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        INSERT INTO torture_events (kind, node_id, device_id, allocation_id)
+        END IF;""",
+    )
+    booking = _row_trigger_sql(
+        "torture_booking",
+        "torture_log_booking",
+        after="INSERT ON device_bookings",
+        when="NEW.allocation_id IS NOT NULL",
+        body="""INSERT INTO torture_events (kind, node_id, device_id, allocation_id)
         SELECT 'booking', d.node_id, d.id, NEW.allocation_id
-          FROM inventory_device d WHERE d.id = NEW.device_id;
-        RETURN NULL;
-    END $$;
-    CREATE TRIGGER torture_booking AFTER INSERT ON device_bookings
-        FOR EACH ROW WHEN (NEW.allocation_id IS NOT NULL) EXECUTE FUNCTION torture_log_booking();
-
-    -- Runs at COMMIT, after everything else the transaction did: the stamp is its commit order.
-    CREATE OR REPLACE FUNCTION torture_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        INSERT INTO torture_commits (xid, seq) VALUES (pg_current_xact_id(), nextval('torture_commit_seq'))
-        ON CONFLICT (xid) DO NOTHING;
-        RETURN NULL;
-    END $$;
-    CREATE CONSTRAINT TRIGGER torture_stamp AFTER INSERT ON torture_events
-        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION torture_stamp();
-    """
+          FROM inventory_device d WHERE d.id = NEW.device_id;""",
+    )
+    # Runs at COMMIT, after everything else the transaction did: the stamp is its commit order.
+    stamp = _row_trigger_sql(
+        "torture_stamp",
+        "torture_stamp",
+        after="INSERT ON torture_events",
+        deferred=True,
+        body="""INSERT INTO torture_commits (xid, seq)
+        VALUES (pg_current_xact_id(), nextval('torture_commit_seq'))
+        ON CONFLICT (xid) DO NOTHING;""",
+    )
+    # Whatever an interrupted run left is dropped first.
+    return "".join([UNINSTALL_SQL, _TABLES_SQL, node_state, device_state, booking, stamp])
 
 
 UNINSTALL_SQL = """

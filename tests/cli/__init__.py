@@ -1,0 +1,1 @@
+"""The tenant's CLI, `better-compute`."""

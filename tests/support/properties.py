@@ -1,0 +1,43 @@
+"""Property tests of the parsers: their hypothesis settings, and the check every text parser answers to."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+T = TypeVar("T")
+Test = Callable[..., None]
+
+# No deadline: a busy machine must not turn a slow example into a failure.
+no_deadline = settings(deadline=None)
+
+
+def on_arbitrary_and_near_miss_text(
+    arbitrary: st.SearchStrategy[str], near_miss: st.SearchStrategy[str]
+) -> Callable[[Test], Test]:
+    """Run a property test as two cases: on arbitrary text, and on text near the parser's grammar.
+
+    The test takes `texts` (the case's strategy) and hypothesis's `data`, and draws its
+    text with `data.draw(texts)`.
+    """
+
+    def decorate(test: Test) -> Test:
+        cases = [pytest.param(arbitrary, id="arbitrary-text"), pytest.param(near_miss, id="near-miss-text")]
+        return pytest.mark.parametrize("texts", cases)(no_deadline(given(data=st.data())(test)))
+
+    return decorate
+
+
+def parsed_or_none(parse: Callable[[str], T], text: str, error: type[Exception]) -> T | None:
+    """What `parse` makes of `text`, or None when it refuses the text with its own `error`.
+
+    Anything else it raises goes up and fails the test.
+    """
+    try:
+        return parse(text)
+    except error:
+        return None
