@@ -39,7 +39,7 @@ from capacity.node_selectors import (
     node_operator_state,
     node_scalars,
 )
-from core.admin import OptionalReasonForm, ReasonForm, admin_actor, ops_page_context, plural
+from core.admin import OptionalReasonForm, ReasonForm, admin_actor, copyable_id, ops_page_context, plural
 from core.errors import DomainError
 from inventory.models import Device, Node, Pool, TaintEffect
 from inventory.schedulability import BUCKETS, EXCLUDED, SCHEDULABLE, node_bucket, predicate_terms
@@ -145,7 +145,16 @@ class PoolArchivedFilter(ConditionFilter):
 
 @admin.register(Pool)
 class PoolAdmin(ConsoleAdmin):
-    list_display = ("name", "owner", "gpu_model", "sharing", "node_count", "gpu_capacity", "rollup_age")
+    list_display = (
+        "name",
+        "pool_id",
+        "owner",
+        "gpu_model",
+        "sharing",
+        "node_count",
+        "gpu_capacity",
+        "rollup_age",
+    )
     list_filter = ("sharing", "gpu_model", PoolArchivedFilter, ("owner", admin.RelatedOnlyFieldListFilter))
     list_select_related = ("owner",)
     search_fields = ("id", "name", "owner__id", "gpu_model")
@@ -185,6 +194,10 @@ class PoolAdmin(ConsoleAdmin):
             0,
         )
         return super().get_queryset(request).annotate(**annotations)
+
+    @admin.display(description="id", ordering="id")
+    def pool_id(self, obj: Pool) -> str:
+        return copyable_id(obj.pk)
 
     @admin.display(description="nodes", ordering="n_nodes")
     def node_count(self, obj: Any) -> int:
@@ -446,6 +459,7 @@ def _operation_action(op: str) -> Callable[..., HttpResponse]:
 class NodeAdmin(ConsoleAdmin):
     list_display = (
         "hostname",
+        "node_id",
         "pool",
         "bucket_badge",
         "gpus",
@@ -511,6 +525,10 @@ class NodeAdmin(ConsoleAdmin):
                 gpu_atoms_healthy=_gpu_atom_count(healthy=True),
             )
         )
+
+    @admin.display(description="id", ordering="id")
+    def node_id(self, obj: Node) -> str:
+        return copyable_id(obj.pk)
 
     @admin.display(description="bucket", ordering="bucket")
     def bucket_badge(self, obj: Any) -> str:
