@@ -123,3 +123,15 @@ def test_the_links_on_a_node_page_open_too(operator: Client, fleet_with_history:
     assert parser.links
     for link in parser.links:
         assert operator.get(link).status_code == 200, link
+
+
+@pytest.mark.django_db
+def test_the_node_and_pool_lists_show_their_ids_to_copy(operator: Client, fleet_with_history: None) -> None:
+    from inventory.models import Node
+
+    nodes = operator.get(reverse("admin:inventory_node_changelist")).content.decode()
+    first = Node.objects.order_by("hostname").first()
+    assert first is not None
+    assert f'<code style="user-select: all; white-space: nowrap">{first.pk}</code>' in nodes
+    pools = operator.get(reverse("admin:inventory_pool_changelist")).content.decode()
+    assert all(pool.pk in pools for pool in Pool.objects.all())
