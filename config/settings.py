@@ -128,6 +128,10 @@ SPECTACULAR_SETTINGS = {
 CAPACITY_ROLLUP_EVERY_SECONDS = env.int("CAPACITY_ROLLUP_EVERY_SECONDS", default=300)
 # How long a MIG or slot layout change books the GPU's atoms (guard 2).
 CAPACITY_LAYOUT_CHANGE_SECONDS = env.int("CAPACITY_LAYOUT_CHANGE_SECONDS", default=600)
+# Creates waiting for capacity (`wait.timeoutMs`): at most this many per tenant across
+# every server, and per server process; beyond either the create answers 429 at once.
+CAPACITY_WAITERS_PER_TENANT = env.int("CAPACITY_WAITERS_PER_TENANT", default=8)
+CAPACITY_WAITERS_PER_PROCESS = env.int("CAPACITY_WAITERS_PER_PROCESS", default=16)
 
 if not DEBUG:
     SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)

@@ -93,7 +93,11 @@ def _body_error(message: str) -> Response:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """Render every error, from every method, in the contract's envelope."""
     if isinstance(exc, DomainError):
-        return error_response(exc.code, exc.message, exc.status, exc.details)
+        response = error_response(exc.code, exc.message, exc.status, exc.details)
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            response["Retry-After"] = str(retry_after)
+        return response
     if isinstance(exc, drf_exceptions.ValidationError):
         details = _flatten(exc.detail)
         first = details[0] if details else {"field": "body", "message": "invalid"}

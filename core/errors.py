@@ -64,7 +64,28 @@ class QuotaExceeded(DomainError):
     code, status = "QUOTA_EXCEEDED", 409
 
 
+class TooManyRequests(DomainError):
+    """Beyond a rate limit or the waiting bound: try again after `retry_after` seconds (`Retry-After`)."""
+
+    code, status = "RATE_LIMITED", 429
+
+    def __init__(
+        self, message: str, details: list[dict[str, Any]] | None = None, *, retry_after: int
+    ) -> None:
+        super().__init__(message, details)
+        self.retry_after = retry_after
+
+
 # Every code an error answers with, in the contract's order, the catch-all last:
 # the enum of the error envelope in the OpenAPI document (`core.api.ErrorSerializer`).
-_ERRORS = (InvalidInput, Unauthenticated, PermissionDenied, NotFound, Conflict, NoCapacity, QuotaExceeded)
+_ERRORS = (
+    InvalidInput,
+    Unauthenticated,
+    PermissionDenied,
+    NotFound,
+    Conflict,
+    NoCapacity,
+    QuotaExceeded,
+    TooManyRequests,
+)
 ERROR_CODES: tuple[str, ...] = (*(error.code for error in _ERRORS), DomainError.code)

@@ -155,3 +155,22 @@ class DeviceBooking(models.Model):
 
     def __str__(self) -> str:
         return f"{self.device_id} {self.during}"
+
+
+class WaitSlot(models.Model):
+    """One of a tenant's leased slots for a create waiting on capacity (`reservations.waits`).
+
+    A row is taken with a single upsert and given back when the wait ends; its
+    lease (`expires_at`) frees it by itself if the process died while waiting.
+    """
+
+    tenant_id = models.CharField(max_length=128)
+    slot = models.PositiveSmallIntegerField()
+    holder = models.CharField(max_length=32)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant_id", "slot"], name="waitslot_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} #{self.slot}"

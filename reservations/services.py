@@ -35,10 +35,10 @@ from reservations.placer.plan import placement_window
 from reservations.request import canonical_request_digest
 from reservations.request_types import ReservationRequest
 from reservations.validation import reservation_request_check
+from reservations.waits import LISTENER, notify_release, wait_for_release, wait_slot
 
 logger = logging.getLogger(__name__)
 
-RELEASE_CHANNEL = "capacity_released"
 RELEASE_ATTEMPTS = 3
 IDEMPOTENCY_CONSTRAINT = "reservation_unique_idempotency_key"
 
@@ -181,29 +181,6 @@ def _create_once(*, request: ReservationRequest, digest: str, actor: str, pool: 
     return ReservationCreated(reservation=reservation, created=True, allocations=allocations)
 
 
-def _listen() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(f"LISTEN {RELEASE_CHANNEL}")
-
-
-def _unlisten() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(f"UNLISTEN {RELEASE_CHANNEL}")
-
-
-def _wait_for_release(*, pool_id: str, seconds: float) -> None:
-    """Block until a release in this pool commits, or `seconds` pass."""
-    deadline = time.monotonic() + seconds
-    raw = connection.connection
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        for notify in raw.notifies(timeout=remaining, stop_after=1):
-            if notify.payload == pool_id:
-                return
-
-
 def reservation_create(
     *, request: ReservationRequest, actor: str, pool: Pool | None = None
 ) -> ReservationCreated:
@@ -229,25 +206,29 @@ def reservation_create(
     # Waiting needs notifications, which arrive only between transactions: a
     # caller that already holds a transaction gets one attempt.
     can_wait = request.wait_timeout_ms > 0 and not connection.in_atomic_block
-    if not can_wait:
-        return _create_once(request=request, digest=digest, actor=actor, pool=pool)
     deadline = time.monotonic() + request.wait_timeout_ms / 1000
-    connection.ensure_connection()
-    _listen()
     try:
+        return _create_once(request=request, digest=digest, actor=actor, pool=pool)
+    except NoCapacity:
+        if not can_wait:
+            raise
+    # It did not fit and may wait: bounded (a slot of the tenant's and of this process's),
+    # and holding no database connection while it waits (`reservations.waits`).
+    with (
+        wait_slot(tenant_id=request.tenant_id, seconds=request.wait_timeout_ms / 1000),
+        LISTENER.registered(request.pool_id) as released,
+    ):
+        LISTENER.start()
         while True:
+            # A release that commits during this attempt sets the event: no wake-up is lost.
+            released.clear()
             try:
                 return _create_once(request=request, digest=digest, actor=actor, pool=pool)
             except NoCapacity:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise
-                _wait_for_release(pool_id=request.pool_id, seconds=remaining)
-                if time.monotonic() >= deadline:
-                    # One last attempt: the release may have landed right at the deadline.
-                    return _create_once(request=request, digest=digest, actor=actor, pool=pool)
-    finally:
-        _unlisten()
+                wait_for_release(event=released, seconds=remaining)
 
 
 def reservation_release(
@@ -305,9 +286,8 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
             reason=locked.release_reason,
             data={"tenantId": locked.tenant_id, "poolId": locked.pool_id},
         )
-        with connection.cursor() as cursor:
-            # Delivered when this transaction commits, to creates waiting on this pool.
-            cursor.execute("SELECT pg_notify(%s, %s)", [RELEASE_CHANNEL, locked.pool_id])
+        # Delivered when this transaction commits, to creates waiting on this pool.
+        notify_release(pool_id=locked.pool_id)
         released_id = locked.pk
 
         def tell_daemon() -> None:

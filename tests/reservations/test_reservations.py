@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +16,7 @@ from django.db import connection, connections
 from rest_framework.test import APIClient
 
 from core.clock import compute_now, set_clock_offset
-from core.errors import IdempotencyConflict, NoCapacity
+from core.errors import IdempotencyConflict, NoCapacity, TooManyRequests
 from inventory.models import Node, NodeResource, Pool
 from reservations import services
 from reservations.models import Allocation, DeviceBooking, Reservation
@@ -26,6 +28,7 @@ from reservations.services import (
     reservation_release,
     reservation_renew,
 )
+from reservations.waits import LISTENER
 from tests.support.api import post, reservation_body
 from tests.support.factories import (
     DeviceFactory,
@@ -353,14 +356,6 @@ def test_wait_timeout_is_satisfied_by_a_concurrent_release(monkeypatch: pytest.M
     NodeResourceFactory(node=node, resource="vcpu", allocatable=8)
     holder, _ = reservation_create(request=gpu_request(pool, 1), actor="t")
 
-    listening = threading.Event()
-    original_listen = services._listen
-
-    def listen_and_tell() -> None:
-        original_listen()
-        listening.set()
-
-    monkeypatch.setattr(services, "_listen", listen_and_tell)
     result: dict[str, Any] = {}
 
     def waiter() -> None:
@@ -375,7 +370,7 @@ def test_wait_timeout_is_satisfied_by_a_concurrent_release(monkeypatch: pytest.M
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    assert listening.wait(30)
+    wait_until(lambda: LISTENER.waiting() == 1)
     reservation_release(reservation=holder, actor="t")
     thread.join(60)
     assert not thread.is_alive()
@@ -383,6 +378,111 @@ def test_wait_timeout_is_satisfied_by_a_concurrent_release(monkeypatch: pytest.M
     assert not isinstance(value, Exception), value
     reservation, created = value
     assert created and reservation.allocations.get().node_id == node.id
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the condition"
+        time.sleep(0.01)
+
+
+def drain_waiters(threads: list[threading.Thread], results: list[Any]) -> None:
+    """Release whatever the waiters get until every one of them has its answer."""
+    released: set[str] = set()
+    deadline = time.monotonic() + 60
+    while any(thread.is_alive() for thread in threads):
+        assert time.monotonic() < deadline, "waiters did not finish"
+        for made in [r for r in results if not isinstance(r, Exception)]:
+            if made.reservation.pk not in released:
+                reservation_release(reservation=made.reservation, actor="t")
+                released.add(made.reservation.pk)
+        time.sleep(0.02)
+
+
+def backends_of_this_database() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def start_waiters(pool: Pool, count: int, tenant_key: str) -> tuple[list[threading.Thread], list[Any]]:
+    results: list[Any] = []
+
+    def waiter(index: int) -> None:
+        try:
+            results.append(
+                reservation_create(
+                    request=gpu_request(
+                        pool, 1, wait_timeout_ms=30000, idempotency_key=f"{tenant_key}{index}"
+                    ),
+                    actor="t",
+                )
+            )
+        except Exception as exc:  # reported to the main thread
+            results.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=waiter, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads, results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_waiting_creates_hold_no_database_connection_and_a_release_wakes_them() -> None:
+    pool = PoolFactory()
+    node = NodeFactory(pool=pool)
+    DeviceFactory(node=node)
+    holder, _ = reservation_create(request=gpu_request(pool, 1), actor="t")
+    LISTENER.start()  # the process's one listening connection, counted in the baseline
+    before = backends_of_this_database()
+
+    threads, results = start_waiters(pool, 5, "w")
+    wait_until(lambda: LISTENER.waiting() == 5)
+    # Five requests wait; none of them holds a backend (the main thread's is the baseline's).
+    assert backends_of_this_database() <= before
+
+    reservation_release(reservation=holder, actor="t")
+    # One of them gets the GPU; each release after that wakes the next one.
+    drain_waiters(threads, results)
+    assert [r for r in results if isinstance(r, Exception)] == []
+    assert len(results) == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tenant_beyond_its_waiting_slots_is_told_to_retry_at_once_and_others_still_wait(
+    settings: Any,
+) -> None:
+    settings.CAPACITY_WAITERS_PER_TENANT = 2
+    pool = PoolFactory()
+    node = NodeFactory(pool=pool)
+    DeviceFactory(node=node)
+    holder, _ = reservation_create(request=gpu_request(pool, 1), actor="t")
+
+    threads, results = start_waiters(pool, 2, "a")
+    wait_until(lambda: LISTENER.waiting() == 2)
+    with pytest.raises(TooManyRequests) as refused:
+        reservation_create(
+            request=gpu_request(pool, 1, wait_timeout_ms=30000, idempotency_key="a3"), actor="t"
+        )
+    assert refused.value.retry_after >= 1
+    # Another tenant's create still waits (its own slots).
+    other = PoolFactory()
+    other_node = NodeFactory(pool=other)
+    DeviceFactory(node=other_node)
+    other_holder, _ = reservation_create(request=gpu_request(other, 1), actor="t")
+    other_threads, other_results = start_waiters(other, 1, "b")
+    wait_until(lambda: LISTENER.waiting() == 3)
+
+    reservation_release(reservation=holder, actor="t")
+    reservation_release(reservation=other_holder, actor="t")
+    drain_waiters(threads, results)
+    drain_waiters(other_threads, other_results)
+    assert [r for r in [*results, *other_results] if isinstance(r, Exception)] == []
 
 
 @pytest.mark.django_db(transaction=True)
