@@ -25,6 +25,7 @@ from django.db import connection
 
 from capacity.rollups import rollup_rebuild_all
 from core.locks import ADVISORY_LOCK_KEYS
+from core.ratelimit import rate_windows_prune
 from reservations.services import reservations_reconcile
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def reconcile_once(*, progress: Callable[[int, int], None] | None = None) -> boo
     try:
         try:
             reservations_reconcile()
+            rate_windows_prune()
         except Exception:
             # The rebuild still runs: a failing lease or settlement pass must not freeze the numbers.
             logger.exception("the reconciler's reservation pass failed")

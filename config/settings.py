@@ -128,10 +128,16 @@ SPECTACULAR_SETTINGS = {
 CAPACITY_ROLLUP_EVERY_SECONDS = env.int("CAPACITY_ROLLUP_EVERY_SECONDS", default=300)
 # How long a MIG or slot layout change books the GPU's atoms (guard 2).
 CAPACITY_LAYOUT_CHANGE_SECONDS = env.int("CAPACITY_LAYOUT_CHANGE_SECONDS", default=600)
+# The booking horizon: a reservation may start at most this far after `compute_now()`
+# (and so end at most this plus the longest duration, 366 days).
+CAPACITY_MAX_START_AHEAD = env.int("CAPACITY_MAX_START_AHEAD", default=365 * 86400)
 # Creates waiting for capacity (`wait.timeoutMs`): at most this many per tenant across
 # every server, and per server process; beyond either the create answers 429 at once.
 CAPACITY_WAITERS_PER_TENANT = env.int("CAPACITY_WAITERS_PER_TENANT", default=8)
 CAPACITY_WAITERS_PER_PROCESS = env.int("CAPACITY_WAITERS_PER_PROCESS", default=16)
+# Writes (reservations/create, release, renew) per minute, counted across every server.
+API_WRITES_PER_MINUTE_PER_TOKEN = env.int("API_WRITES_PER_MINUTE_PER_TOKEN", default=6000)
+API_WRITES_PER_MINUTE_PER_TENANT = env.int("API_WRITES_PER_MINUTE_PER_TENANT", default=12000)
 
 if not DEBUG:
     SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)

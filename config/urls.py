@@ -14,10 +14,12 @@ urlpatterns = [
     path("api/compute/", include("capacity.api.timeline")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
-    # Last: any other /api/ URL answers the JSON envelope, even with DEBUG on
-    # (where handler404 is not used), so clients never parse an HTML page.
-    # `api/docs` and `api/schema` without their slash still get redirected.
-    re_path(r"^api/(?!docs$|schema$)", api_not_found),
+    # Last: any other /api/ URL answers the JSON envelope, whatever the method,
+    # even with DEBUG on (where handler404 is not used) and before the CSRF
+    # middleware could answer a POST with its HTML page (the view is exempt),
+    # so clients never parse an HTML page. `GET api/docs` and `GET api/schema`
+    # without their slash are redirected by it.
+    re_path(r"^api/", api_not_found),
 ]
 
 # Outside /api/ these fall back to Django's own pages (the admin).

@@ -122,7 +122,7 @@ def reason_action(
 class RoleBindingInline(admin.TabularInline):
     model = RoleBinding
     extra = 0
-    fields = ("role", "tenant", "created_at")
+    fields = ("role", "tenant", "scope_pool_id", "scope_node_id", "created_at")
     readonly_fields = ("created_at",)
     autocomplete_fields = ("tenant",)
 
@@ -164,17 +164,65 @@ class RoleBindingAdmin(admin.ModelAdmin):
 
     @admin.display(description="scope", ordering="tenant")
     def scope(self, obj: RoleBinding) -> str:
-        return obj.tenant_id or "platform"
+        return obj.scope_label
+
+
+# The longest lifetime the form offers, as `issue_token --expires` allows (five years).
+MAX_EXPIRY_DAYS = 5 * 366
 
 
 class TokenIssueForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices)
     tenant = forms.CharField(
         required=False,
+        max_length=128,
         help_text="Viewer and member tokens need a tenant; operator and node-agent tokens must have none.",
     )
-    name = forms.CharField(required=False, help_text="Tells tokens apart, e.g. 'ci-deployer'.")
-    expires_in_days = forms.IntegerField(required=False, min_value=1, help_text="Empty: never expires.")
+    scope_pool = forms.CharField(
+        required=False,
+        max_length=64,
+        label="Node agent: pool",
+        help_text="A node-agent token reports only for this pool's nodes (pool_…).",
+    )
+    scope_node = forms.CharField(
+        required=False,
+        max_length=64,
+        label="Node agent: node",
+        help_text="Or only for this one node (node_…).",
+    )
+    all_nodes = forms.BooleanField(
+        required=False,
+        label="Node agent: every node",
+        help_text="Or for every node of the platform. A node-agent token needs exactly one of the three.",
+    )
+    # Bounded as the token row and `issue_token --expires` are: a form error, never a database error.
+    name = forms.CharField(
+        required=False, max_length=200, help_text="Tells tokens apart, e.g. 'ci-deployer'."
+    )
+    expires_in_days = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_EXPIRY_DAYS, help_text="Empty: never expires."
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        chosen = [f for f in ("scope_pool", "scope_node", "all_nodes") if data.get(f)]
+        if data.get("role") == Role.NODE_AGENT and len(chosen) != 1:
+            # As `issue_token`: an agent that can rewrite every node must be asked for, never the default.
+            raise forms.ValidationError(
+                "A node-agent token needs exactly one of: a pool, a node, every node."
+            )
+        if data.get("role") not in (None, Role.NODE_AGENT) and chosen:
+            raise forms.ValidationError("Only a node-agent token is narrowed to a pool or a node.")
+        return data
+
+
+def _agent_reach(data: dict[str, Any]) -> str:
+    """What the issued page says a node-agent token reports for."""
+    if data["scope_pool"]:
+        return f"the nodes of pool {data['scope_pool']} only"
+    if data["scope_node"]:
+        return f"node {data['scope_node']} only"
+    return "every node of the platform"
 
 
 @admin.register(ApiToken)
@@ -235,11 +283,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
                     name=data["name"],
                     expires_in_seconds=days * 86400 if days else None,
                     actor=admin_actor(request),
+                    scope_pool_id=data["scope_pool"],
+                    scope_node_id=data["scope_node"],
                 )
             except DomainError as exc:
                 form.add_error(None, str(exc))
             else:
-                context.update({"title": "Token issued", "token": token, "secret": secret})
+                reach = _agent_reach(data) if data["role"] == Role.NODE_AGENT else ""
+                context.update({"title": "Token issued", "token": token, "secret": secret, "reach": reach})
                 response = TemplateResponse(request, "admin/core/apitoken/issued.html", context)
                 # The secret must not linger in any cache.
                 response["Cache-Control"] = "no-store"

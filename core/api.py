@@ -8,13 +8,18 @@ service or selector → serialize (`rpc_output`); `rpc_tenant_input` and
 
 from __future__ import annotations
 
+import heapq
+import json
 import logging
+import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, JsonResponse
+from django.core.validators import RegexValidator
+from django.http import Http404, HttpRequest, HttpResponsePermanentRedirect, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
@@ -25,6 +30,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from core.authentication import BearerTokenAuthentication, PrincipalRequired, principal_of
@@ -36,8 +42,10 @@ from core.constants import (  # noqa: F401  (re-exported for the apps' serialize
     RESERVATION_ID_REGEX,
     TENANT_ID_REGEX,
 )
-from core.decisions import decide_platform, decide_tenant
-from core.errors import ERROR_CODES, DomainError, InvalidInput
+from core.decisions import WRITE_PERMISSIONS, decide_platform, decide_tenant
+from core.errors import ERROR_CODES, MAX_ERROR_DETAILS, DomainError, InvalidInput, cap_details, more_detail
+from core.json_input import json_loads_strict
+from core.ratelimit import writes_count
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +57,8 @@ JSON_MEDIA_TYPE = "application/json"
 
 
 def error_body(code: str, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "details": details or []}}
+    """The envelope; at most `MAX_ERROR_DETAILS` details and an `and N more` (`core.errors.cap_details`)."""
+    return {"error": {"code": code, "message": message, "details": cap_details(details or [])}}
 
 
 def error_response(
@@ -121,8 +130,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
             "INVALID_INPUT", "method: use POST", 405, [{"field": "method", "message": "use POST"}]
         )
     if isinstance(exc, drf_exceptions.APIException):
-        response = drf_exception_handler(exc, context)
-        status = response.status_code if response is not None else 500
+        drf_response = drf_exception_handler(exc, context)
+        status = drf_response.status_code if drf_response is not None else 500
         return error_response("INVALID_INPUT" if status < 500 else "INTERNAL", str(exc.detail), status)
     logger.exception("unhandled error in %s", context.get("view"))
     return error_response("INTERNAL", "internal error", 500)
@@ -132,8 +141,23 @@ def _is_api_path(request: HttpRequest) -> bool:
     return request.path.startswith(API_PREFIX)
 
 
-def api_not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
-    """Any unknown `/api/` URL, whatever the method: the envelope, not an HTML page."""
+# The documentation pages, which `GET` (or `HEAD`) without their slash still reaches.
+_DOCUMENTATION = ("/api/docs", "/api/schema")
+
+
+@csrf_exempt
+def api_not_found(
+    request: HttpRequest, *args: Any, **kwargs: Any
+) -> JsonResponse | HttpResponsePermanentRedirect:
+    """Any unknown `/api/` URL, whatever the method: the envelope, not an HTML page.
+
+    CSRF-exempt like every API view: the API authenticates by bearer token,
+    never by cookie, and without the exemption the CSRF middleware would answer
+    a `POST` here (a typo, a trailing slash) with its HTML "verification
+    failed" page before this view ran.
+    """
+    if request.method in ("GET", "HEAD") and request.path in _DOCUMENTATION:
+        return HttpResponsePermanentRedirect(f"{request.path}/")
     return JsonResponse(error_body("NOT_FOUND", "no such method"), status=404)
 
 
@@ -183,14 +207,22 @@ class StrictSerializer(serializers.Serializer):
                 raise serializers.ValidationError({"body": ["must be a JSON object"]})
             raise serializers.ValidationError(["must be a JSON object"])
         # Unknown fields and bad known fields are reported together: `details`
-        # names every bad field, so a client fixes its request in one go.
-        errors: dict[str, Any] = {name: ["unknown field"] for name in sorted(set(data) - set(self.fields))}
+        # names every bad field, so a client fixes its request in one go. Only
+        # the first unknown ones (in name order) are named, and the rest counted:
+        # a body of 100,000 unknown keys gets an answer the size of any other.
+        unknown = set(data) - set(self.fields)
+        errors: dict[str, Any] = {
+            name: ["unknown field"] for name in heapq.nsmallest(MAX_ERROR_DETAILS, unknown)
+        }
         try:
             value = super().to_internal_value(data)
         except serializers.ValidationError as exc:
             if not isinstance(exc.detail, dict):
                 raise
             errors.update(exc.detail)
+        if len(unknown) > MAX_ERROR_DETAILS:
+            more = more_detail(len(unknown) - MAX_ERROR_DETAILS, "unknown fields")["message"]
+            errors.setdefault(api_settings.NON_FIELD_ERRORS_KEY, []).append(more)
         if errors:
             raise serializers.ValidationError(errors)
         return value
@@ -231,14 +263,27 @@ class StrictCharField(serializers.CharField):
         return value
 
 
+class WholeRegexValidator(RegexValidator):
+    """A `RegexValidator` that matches the whole value (`fullmatch`).
+
+    The patterns keep the contract's `^…$` spelling, which is what they mean in
+    the OpenAPI document (ECMA-262, where `$` is the end of the text). In
+    Python `$` also matches before a final newline, so `re.search` would take
+    `"abc\n"` for `^[a-z]+$`; `fullmatch` does not.
+    """
+
+    def __call__(self, value: Any) -> None:
+        pattern = cast(re.Pattern[str], self.regex)  # compiled by RegexValidator.__init__
+        if not isinstance(value, str) or pattern.fullmatch(value) is None:
+            raise serializers.ValidationError(self.message, code=self.code)
+
+
 class StrictRegexField(StrictCharField):
-    """A JSON string matching a pattern, with the pattern in the error message."""
+    """A JSON string matching a pattern whole, with the pattern in the error message."""
 
     def __init__(self, regex: str, **kwargs: Any) -> None:
-        from django.core.validators import RegexValidator
-
         super().__init__(**kwargs)
-        self.validators.append(RegexValidator(regex, message=f"must match {regex}"))
+        self.validators.append(WholeRegexValidator(regex, message=f"must match {regex}"))
 
 
 def tenant_id_field(**kwargs: Any) -> StrictRegexField:
@@ -264,15 +309,21 @@ def time_ms_field(**kwargs: Any) -> StrictIntegerField:
 
 
 class StrictJSONParser(JSONParser):
-    """JSON only; the size limit is checked before a byte is parsed (see `RpcViewSet.initial`)."""
+    """JSON only, parsed by `core.json_input.json_loads_strict`: the one place a body's strings are checked.
+
+    The size limit is checked before a byte is read (see `RpcViewSet.initial`)
+    and again here, on what the stream really holds. UTF-8 only; NUL
+    characters, unpaired surrogates, repeated keys, `NaN` and integers longer
+    than any field takes are `INVALID_INPUT` naming their field, so nothing
+    after this point (a serializer, the database, the renderer) meets them.
+    """
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        try:
-            return super().parse(stream, media_type, parser_context)
-        except RecursionError as exc:
-            # A body nested a few thousand levels deep exhausts Python's stack in the
-            # JSON decoder; it is the client's malformed input, not a server error.
-            raise drf_exceptions.ParseError("JSON nested too deeply") from exc
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        raw = stream.read(limit + 1 if limit is not None else -1) if stream is not None else b""
+        if limit is not None and len(raw) > limit:
+            raise InvalidInput.field("body", f"the request body is too large (at most {limit} bytes)")
+        return json_loads_strict(raw)
 
 
 class EscapedJSONRenderer(JSONRenderer):
@@ -287,7 +338,15 @@ class EscapedJSONRenderer(JSONRenderer):
     def render(
         self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
     ) -> bytes:
-        rendered: bytes = super().render(data, accepted_media_type, renderer_context)
+        try:
+            rendered: bytes = super().render(data, accepted_media_type, renderer_context)
+        except UnicodeEncodeError:
+            # A string no UTF-8 encoder can write (an unpaired surrogate) got past
+            # the parser: written as ASCII escapes rather than failing after the
+            # view (or the exception handler) has answered.
+            rendered = json.dumps(
+                data, ensure_ascii=True, cls=self.encoder_class, separators=(",", ":")
+            ).encode()
         return rendered.replace(b"<", b"\\u003c").replace(b">", b"\\u003e").replace(b"&", b"\\u0026")
 
 
@@ -398,7 +457,15 @@ def rpc_tenant_input(
     """`rpc_input`, then the decision on the body's tenant: a method "decided on the tenant"."""
     data = rpc_input(request, serializer_class)
     decide_tenant(principal=principal_of(request), tenant_id=data["tenant_id"], permission=permission)
+    if permission in WRITE_PERMISSIONS:
+        rpc_write_count(request, tenant_id=data["tenant_id"])
     return data
+
+
+def rpc_write_count(request: Request, *, tenant_id: str) -> None:
+    """Count a write against the token's and the tenant's rate limits (after the decision, so a
+    refused caller spends nothing); `RATE_LIMITED` beyond them."""
+    writes_count(token_id=str(request.auth.pk), tenant_id=tenant_id)
 
 
 def rpc_platform_input(

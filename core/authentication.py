@@ -22,12 +22,14 @@ TOKEN_PREFIX = "bc_"  # noqa: S105 (a public prefix, not a secret)
 
 
 # Served by the unique index on `core_apitoken.digest`; the bindings by the
-# unique (principal, role, tenant) index. `stale` says whether `last_used_at`
-# is older than the resolution, computed by the database clock.
+# index of their `principal` foreign key. Each binding comes as [role, tenant,
+# scope pool, scope node] (`core.decisions.Binding`). `stale` says whether
+# `last_used_at` is older than the resolution, computed by the database clock.
 _AUTH_SQL = """
 SELECT t.id, t.digest, p.id, p.name,
        (t.last_used_at IS NULL OR t.last_used_at < compute_now() - make_interval(secs => %s)) AS stale,
-       (SELECT array_agg(ARRAY[b.role, b.tenant_id]) FROM core_rolebinding b WHERE b.principal_id = p.id)
+       (SELECT array_agg(ARRAY[b.role, b.tenant_id, b.scope_pool_id, b.scope_node_id])
+          FROM core_rolebinding b WHERE b.principal_id = p.id)
   FROM core_apitoken t
   JOIN core_principal p ON p.id = t.principal_id
  WHERE t.digest = %s AND t.revoked_at IS NULL
@@ -73,7 +75,7 @@ class BearerTokenAuthentication(BaseAuthentication):
             ApiToken.objects.filter(due, pk=token_id).update(last_used_at=now)
         principal = Principal(id=principal_id, name=principal_name)
         # Only for this request: a binding revoked between requests is seen by the next one.
-        principal_bindings_set(principal, [(role, tenant_id) for role, tenant_id in bindings or []])
+        principal_bindings_set(principal, bindings or [])
         return principal, ApiToken(id=token_id, principal_id=principal_id, digest=digest)
 
     def authenticate_header(self, request: Request) -> str:

@@ -2,7 +2,40 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Self
+
+# An error answer lists at most this many details, then one `{"field": "body", "message": "and N more"}`,
+# so an answer is never much larger than a normal one, however many fields a body gets wrong.
+MAX_ERROR_DETAILS = 20
+
+
+def more_detail(count: int, what: str = "") -> dict[str, str]:
+    """The last detail of a capped list: how many more were left out (`and 96310 more`)."""
+    return {"field": "body", "message": f"and {count} more{f' {what}' if what else ''}"}
+
+
+_MORE = re.compile(r"and ([0-9]+) more\b")
+
+
+def _weight(detail: dict[str, Any]) -> int:
+    """How many details `detail` stands for: N for an `and N more`, else 1."""
+    message = detail.get("message")
+    found = _MORE.match(message) if isinstance(message, str) else None
+    return int(found.group(1)) if found else 1
+
+
+def cap_details(details: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first `MAX_ERROR_DETAILS` details, then `more_detail` counting the rest.
+
+    A list already capped keeps its `and N more`; one dropped from the middle
+    of a list is counted as the N it stands for.
+    """
+    if len(details) <= MAX_ERROR_DETAILS or (
+        len(details) == MAX_ERROR_DETAILS + 1 and _weight(details[-1]) > 1
+    ):
+        return details
+    return [*details[:MAX_ERROR_DETAILS], more_detail(sum(_weight(d) for d in details[MAX_ERROR_DETAILS:]))]
 
 
 class DomainError(Exception):

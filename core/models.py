@@ -44,11 +44,28 @@ class Principal(models.Model):
 
 
 class RoleBinding(models.Model):
-    """A role on one tenant, or on the platform when `tenant` is empty."""
+    """A role on one tenant, or on the platform when `tenant` is empty.
+
+    A platform node-agent binding may be narrowed to the nodes of one pool
+    (`scope_pool_id`) or to one node (`scope_node_id`). They are plain ids, not
+    foreign keys: `core` sits below `inventory` and never reads its tables; the
+    view that finds the node (in `capacity`) checks it against the scope
+    (`core.decisions.NodeScope`). Empty means no narrowing. A principal may
+    hold several such bindings and reaches their union.
+    """
 
     principal = models.ForeignKey(Principal, on_delete=models.CASCADE, related_name="bindings")
     role = models.CharField(max_length=20, choices=Role.choices)
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    scope_pool_id = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="Node agents only: the pool whose nodes it reports for.",
+    )
+    scope_node_id = models.CharField(
+        max_length=64, blank=True, default="", help_text="Node agents only: the one node it reports for."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -59,15 +76,33 @@ class RoleBinding(models.Model):
                 condition=Q(tenant__isnull=False),
             ),
             models.UniqueConstraint(
-                fields=["principal", "role"],
+                fields=["principal", "role", "scope_pool_id", "scope_node_id"],
                 name="rolebinding_unique_platform",
                 condition=Q(tenant__isnull=True),
+            ),
+            # A scope narrows a platform node agent, and is one pool or one node, never both.
+            models.CheckConstraint(
+                name="rolebinding_scope_node_agent_only",
+                condition=Q(scope_pool_id="", scope_node_id="") | Q(role="node-agent", tenant__isnull=True),
+            ),
+            models.CheckConstraint(
+                name="rolebinding_scope_one_kind",
+                condition=Q(scope_pool_id="") | Q(scope_node_id=""),
             ),
         ]
 
     def __str__(self) -> str:
+        return f"{self.principal_id} {self.role}@{self.scope_label}"
+
+    @property
+    def scope_label(self) -> str:
+        """`acme`, `platform`, or `platform (pool pool_…)` / `platform (node node_…)` for a narrowed agent."""
         scope = self.tenant_id or "platform"
-        return f"{self.principal_id} {self.role}@{scope}"
+        if self.scope_pool_id:
+            return f"{scope} (pool {self.scope_pool_id})"
+        if self.scope_node_id:
+            return f"{scope} (node {self.scope_node_id})"
+        return scope
 
 
 class ApiToken(models.Model):
@@ -107,3 +142,21 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.subject_id}"
+
+
+class RateWindow(models.Model):
+    """How many writes one key (a token, a tenant) made in one window: the shared rate-limit counter.
+
+    Every server process and replica counts in these rows (`core.ratelimit`),
+    so a limit holds across them; old windows are pruned by the reconciler.
+    """
+
+    key = models.CharField(max_length=200)
+    window_start = models.DateTimeField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key", "window_start"], name="ratewindow_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.key} @ {self.window_start:%H:%M}: {self.count}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from django.db.models import Func
 
 from core.authentication import TOKEN_PREFIX, token_digest
 from core.clock import compute_now
+from core.constants import NODE_ID_REGEX, POOL_ID_REGEX
 from core.errors import InvalidInput
 from core.models import ApiToken, AuditEvent, Principal, Role, RoleBinding, Tenant
 
@@ -38,11 +40,17 @@ def token_issue(
     expires_in_seconds: int | None = None,
     principal: Principal | None = None,
     actor: str = "system",
+    scope_pool_id: str = "",
+    scope_node_id: str = "",
 ) -> tuple[ApiToken, str]:
     """Create a token (and its principal and role binding); return the row and the plaintext, shown once.
 
     Only the digest is stored. Operator and node-agent tokens are bound to the
-    platform (`tenant_id=None`); viewer and member tokens to one tenant.
+    platform (`tenant_id=None`); viewer and member tokens to one tenant. A
+    node-agent token may be narrowed to the nodes of one pool (`scope_pool_id`)
+    or to one node (`scope_node_id`); without either it reaches every node.
+    The ids are checked for their form only: `core` does not read nodes, and a
+    well-formed id of nothing narrows the token to nothing.
     """
     if role not in Role.values:
         raise InvalidInput.field("role", f"must be one of {', '.join(Role.values)}")
@@ -54,15 +62,22 @@ def token_issue(
         raise InvalidInput.field("tenant", f"unknown tenant {tenant_id!r}")
     if expires_in_seconds is not None and expires_in_seconds <= 0:
         raise InvalidInput.field("expires", "must be positive")
+    _node_scope_check(role=role, scope_pool_id=scope_pool_id, scope_node_id=scope_node_id)
 
     with transaction.atomic():
         if principal is None:
-            scope = tenant_id or "platform"
+            scope = tenant_id or scope_pool_id or scope_node_id or "platform"
             principal = Principal.objects.create(name=name or f"{role}@{scope}")
-        # The partial unique constraints make a second identical binding a no-op.
-        binding = RoleBinding.objects.filter(principal=principal, role=role, tenant_id=tenant_id)
-        if not binding.exists():
-            RoleBinding.objects.create(principal=principal, role=role, tenant_id=tenant_id)
+        # A second identical binding is a no-op (the partial unique constraints
+        # refuse a duplicate); a principal holding several scopes reaches their union.
+        fields = {
+            "role": role,
+            "tenant_id": tenant_id,
+            "scope_pool_id": scope_pool_id,
+            "scope_node_id": scope_node_id,
+        }
+        if not RoleBinding.objects.filter(principal=principal, **fields).exists():
+            RoleBinding.objects.create(principal=principal, **fields)
         expires_at = None
         if expires_in_seconds is not None:
             # The database's clock, like every expiry check in authentication.
@@ -80,9 +95,32 @@ def token_issue(
             action="token.issue",
             subject_type="token",
             subject_id=token.pk,
-            data={"role": role, "tenantId": tenant_id, "principalId": principal.pk},
+            data={
+                "role": role,
+                "tenantId": tenant_id,
+                "principalId": principal.pk,
+                "scopePoolId": scope_pool_id or None,
+                "scopeNodeId": scope_node_id or None,
+            },
         )
     return token, secret
+
+
+def _node_scope_check(*, role: str, scope_pool_id: str, scope_node_id: str) -> None:
+    """A scope narrows a node agent only, names one pool or one node, and has that id's form."""
+    if not (scope_pool_id or scope_node_id):
+        return
+    field = "pool" if scope_pool_id else "node"
+    if role != Role.NODE_AGENT:
+        raise InvalidInput.field(
+            field, f"only a node-agent token is narrowed to a {field}, not a {role} token"
+        )
+    if scope_pool_id and scope_node_id:
+        raise InvalidInput.field("node", "a node-agent token is narrowed to a pool or to a node, not both")
+    pattern = POOL_ID_REGEX if scope_pool_id else NODE_ID_REGEX
+    # `fullmatch`: the whole value, so a trailing newline (which `$` lets through) is refused too.
+    if not re.fullmatch(pattern, scope_pool_id or scope_node_id):
+        raise InvalidInput.field(field, f"is not a {field} id ({field}_…)")
 
 
 def token_revoke(*, token: ApiToken, actor: str = "system") -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidInput
+from core.json_input import printable_name, text_problem
 from inventory.choices import (
     ALL_RESOURCES,
     SLOT_SHARING,
@@ -24,8 +25,10 @@ from inventory.choices import (
     TaintEffect,
     Trust,
 )
+from inventory.operations import TAINT_KEY_RE
 from inventory.reports import HOSTNAME_RE, NodeReport, report_parse
 
+# Patterns are matched whole (`fullmatch`), so a trailing newline never passes for `$`.
 TENANT_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 QUOTA_RESOURCES = ALL_RESOURCES
@@ -86,10 +89,23 @@ def _check_keys(errors: _Errors, path: str, value: Any, required: set[str], opti
         return False
     for key in value:
         if key not in required | optional:
-            errors.add(f"{path}.{key}", "unknown field")
+            errors.add(f"{path}.{_name(key)}", "unknown field")
     for key in sorted(required - set(value)):
         errors.add(f"{path}.{key}", "required")
     return True
+
+
+def _name(key: Any) -> str:
+    """A key as an error's field path may echo it: NUL and surrogates written as `\\uXXXX`."""
+    return printable_name(key) if isinstance(key, str) else str(key)
+
+
+def _text_ok(errors: _Errors, path: str, value: str) -> bool:
+    """A free-text string (a name, a label, a reason) holds no NUL and no unpaired surrogate."""
+    problem = text_problem(value)
+    if problem is not None:
+        errors.add(path, problem)
+    return problem is None
 
 
 def _choice(errors: _Errors, path: str, value: Any, choices: list[str]) -> str | None:
@@ -114,7 +130,7 @@ def _int(errors: _Errors, path: str, value: Any, lo: int, hi: int) -> int | None
 
 
 def _match(errors: _Errors, path: str, value: Any, pattern: re.Pattern[str]) -> str | None:
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         errors.add(path, f"must match {pattern.pattern}")
         return None
     return value
@@ -127,7 +143,7 @@ def _parse_quota(errors: _Errors, path: str, value: Any) -> dict[str, int]:
         return quota
     for resource, limit in value.items():
         if resource not in QUOTA_RESOURCES:
-            errors.add(f"{path}.{resource}", f"unknown resource (one of {', '.join(QUOTA_RESOURCES)})")
+            errors.add(f"{path}.{_name(resource)}", f"unknown resource (one of {', '.join(QUOTA_RESOURCES)})")
             continue
         checked = _int(errors, f"{path}.{resource}", limit, 0, 1 << 40)
         if checked is not None:
@@ -151,6 +167,8 @@ def _parse_pool(errors: _Errors, path: str, raw: Any, tenants: dict[str, str]) -
     gpu_model = raw.get("gpuModel", "")
     if not isinstance(gpu_model, str) or len(gpu_model) > 64:
         errors.add(f"{path}.gpuModel", "must be a string of at most 64 characters")
+        gpu_model = ""
+    elif not _text_ok(errors, f"{path}.gpuModel", gpu_model):
         gpu_model = ""
     sharing = _choice(errors, f"{path}.sharing", raw.get("sharing", "exclusive"), list(Sharing.values))
     slots = None
@@ -211,7 +229,7 @@ def _parse_node(
     if isinstance(pool_ref, str) and "/" in pool_ref:
         pool_key = pool_ref if pool_ref in {k for ks in pools.values() for k in ks} else None
         if pool_key is None:
-            errors.add(f"{path}.pool", f"unknown pool {pool_ref}")
+            errors.add(f"{path}.pool", f"unknown pool {_name(pool_ref)}")
     elif isinstance(pool_ref, str):
         matches = pools.get(pool_ref, [])
         if len(matches) == 1:
@@ -219,7 +237,9 @@ def _parse_node(
         else:
             errors.add(
                 f"{path}.pool",
-                f"unknown pool {pool_ref}" if not matches else f"ambiguous pool {pool_ref}: say owner/name",
+                f"unknown pool {_name(pool_ref)}"
+                if not matches
+                else f"ambiguous pool {pool_ref}: say owner/name",
             )
     else:
         errors.add(f"{path}.pool", "must be a string")
@@ -252,6 +272,8 @@ def _parse_node(
     ):
         errors.add(f"{path}.labels", "must be an object of strings")
         labels = {}
+    elif not all(_text_ok(errors, f"{path}.labels.{_name(k)}", f"{k}{v}") for k, v in labels.items()):
+        labels = {}
     fields["labels"] = labels
     taints: list[dict[str, str]] = []
     taints_raw = raw.get("taints", [])
@@ -267,6 +289,9 @@ def _parse_node(
         if not isinstance(key, str) or not key or len(key) > 253:
             errors.add(f"{tpath}.key", "must be a non-empty string")
             continue
+        if not TAINT_KEY_RE.fullmatch(key):
+            errors.add(f"{tpath}.key", "must be 1-253 letters, digits, '.', '_', '/' or '-'")
+            continue
         if key in keys:
             errors.add(f"{tpath}.key", f"duplicate taint key {key}")
             continue
@@ -277,6 +302,8 @@ def _parse_node(
         if not isinstance(value, str) or not isinstance(reason, str):
             errors.add(tpath, "value and reason must be strings")
             continue
+        if not (_text_ok(errors, f"{tpath}.value", value) and _text_ok(errors, f"{tpath}.reason", reason)):
+            continue
         if effect is not None:
             taints.append({"key": key, "value": value, "effect": effect, "reason": reason})
     ratios: dict[str, float] = {}
@@ -286,7 +313,7 @@ def _parse_node(
         ratios_raw = {}
     for name, ratio in ratios_raw.items():
         if name not in SCALAR_NAMES:
-            errors.add(f"{path}.ratios.{name}", f"unknown scalar (one of {', '.join(SCALAR_NAMES)})")
+            errors.add(f"{path}.ratios.{_name(name)}", f"unknown scalar (one of {', '.join(SCALAR_NAMES)})")
         elif isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 100:
             errors.add(f"{path}.ratios.{name}", "must be a number above 0 and at most 100")
         else:
@@ -324,6 +351,8 @@ def fleet_parse(*, data: Any) -> FleetSpec:
         name = raw.get("name", tenant_id or "")
         if not isinstance(name, str) or len(name) > 200:
             errors.add(f"{path}.name", "must be a string of at most 200 characters")
+        elif not _text_ok(errors, f"{path}.name", name):
+            pass
         elif tenant_id is not None:
             if tenant_id in spec.tenants:
                 errors.add(f"{path}.id", f"duplicate tenant {tenant_id}")

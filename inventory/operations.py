@@ -104,7 +104,7 @@ def _taints_changed(locked: Node, *, actor: str, action: str, reason: str, **dat
 
 def node_taint(*, node: Node, key: str, value: str, effect: str, reason: str, actor: str) -> Node:
     """Add or replace the taint `key`; a NoSchedule taint makes the node unschedulable (`unhealthy`)."""
-    if not TAINT_KEY_RE.match(key):
+    if not TAINT_KEY_RE.fullmatch(key):
         raise InvalidInput.field("key", "must be 1-253 letters, digits, '.', '_', '/' or '-'")
     if len(value) > TAINT_VALUE_MAX:
         raise InvalidInput.field("value", f"at most {TAINT_VALUE_MAX} characters")

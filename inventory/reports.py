@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from core.errors import InvalidInput
+from core.json_input import printable_name, text_problem
 from inventory.choices import SCALAR_RESOURCES
 
 # Bounds are generous but finite: a number outside them is a broken agent, not real hardware.
@@ -24,8 +25,15 @@ MAX_LINK_GBPS = 10_000
 MAX_DISK_GIB = 1 << 30
 MAX_MIG_GI = 63
 MAX_MIG_CI = 63
+# SR-IOV NICs ship with at most 256 VFs per physical function (most with 64 or 127), and a
+# node carries a handful of such NICs: a report beyond either is a broken or hostile agent,
+# and refusing it at parse time keeps one report from writing tens of thousands of devices.
+MAX_VFS_PER_NIC = 256
+MAX_VFS_PER_NODE = 2048
 SCALARS = SCALAR_RESOURCES
 
+# Every pattern is matched whole (`fullmatch`): with `re.match`, `$` also matches before a
+# final newline, and `"GPU-1\n"` would become a second device beside `"GPU-1"`.
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 # A GPU uuid or a device id becomes part of a uid (`<uuid>/gi1/ci0`), so no slash or blank.
 IDENT_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -146,7 +154,9 @@ def _obj(
         return None
     for key in value:
         if key not in required and key not in optional:
-            errors.add(_join(path, key), "unknown field")
+            problem = text_problem(key) if isinstance(key, str) else None
+            name = printable_name(key) if isinstance(key, str) else str(key)
+            errors.add(_join(path, name), f"field name {problem}" if problem else "unknown field")
     for key in sorted(required):
         if key not in value:
             errors.add(_join(path, key), "required")
@@ -175,7 +185,11 @@ def _str(errors: _Errors, path: str, value: Any, pattern: re.Pattern[str] | None
     if len(value) > 255:
         errors.add(path, "must be at most 255 characters")
         return None
-    if pattern is not None and not pattern.match(value):
+    problem = text_problem(value)
+    if problem is not None:
+        errors.add(path, problem)
+        return None
+    if pattern is not None and not pattern.fullmatch(value):
         errors.add(path, f"does not match {pattern.pattern}")
         return None
     return value
@@ -276,7 +290,7 @@ def _parse_nic(errors: _Errors, path: str, raw: Any) -> NicReport | None:
     link = _int(errors, f"{path}.linkGbps", obj["linkGbps"], 1, MAX_LINK_GBPS) if "linkGbps" in obj else None
     numa = _int(errors, f"{path}.numaNode", obj["numaNode"], 0, MAX_NUMA_NODE) if "numaNode" in obj else None
     vfs: list[str] = []
-    for i, vf in enumerate(_list(errors, f"{path}.vfs", obj.get("vfs", []), 1024)):
+    for i, vf in enumerate(_list(errors, f"{path}.vfs", obj.get("vfs", []), MAX_VFS_PER_NIC)):
         value = _str(errors, f"{path}.vfs[{i}]", vf, PCI_RE)
         if value is not None:
             vfs.append(value)
@@ -352,10 +366,15 @@ def report_parse(*, data: Any, prefix: str = "") -> NodeReport:
 
     nics: list[NicReport] = []
     vf_seen: set[str] = set()
+    vf_count = 0
     for i, raw in enumerate(_list(errors, "nics", obj.get("nics", []), 64)):
         nic = _parse_nic(errors, f"nics[{i}]", raw)
         if nic is None:
             continue
+        vf_count += len(nic.vfs)
+        if vf_count > MAX_VFS_PER_NODE:
+            errors.add(f"nics[{i}].vfs", f"a node has at most {MAX_VFS_PER_NODE} VFs in all")
+            break
         for k, vf in enumerate(nic.vfs):
             if vf.lower() in vf_seen:
                 errors.add(f"nics[{i}].vfs[{k}]", f"duplicate VF address {vf}")

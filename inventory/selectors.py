@@ -6,9 +6,11 @@ import base64
 import binascii
 from typing import Any
 
+from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
 from core.clock import to_millis
+from core.decisions import NodeScope
 from core.errors import InvalidInput, NotFound
 from inventory.models import Device, Node
 from inventory.schedulability import SCHEDULABLE, bucket_sql, node_bucket
@@ -163,14 +165,19 @@ def node_list(
     label: str | None = None,
     limit: int = NODE_LIST_DEFAULT,
     cursor: str | None = None,
+    scope: NodeScope | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """A page of nodes in hostname order (`nodes/list`) and the next page's cursor, or None.
 
     `label` is `key=value` (that value) or `key` (any value). The cursor is the
     last hostname of the page, so a node added meanwhile is neither skipped
-    nor repeated. Three queries: the page, its taints, its resources.
+    nor repeated. `scope` (the caller's credential) keeps only the nodes it
+    covers; the filters narrow it further, never widen it. Three queries: the
+    page, its taints, its resources.
     """
     nodes = Node.objects.select_related("pool").prefetch_related("taints", "resources").order_by("hostname")
+    if scope is not None and not scope.everywhere:
+        nodes = nodes.filter(Q(pool_id__in=scope.pool_ids) | Q(pk__in=scope.node_ids))
     if pool_id is not None:
         nodes = nodes.filter(pool_id=pool_id)
     if bucket is not None:

@@ -19,6 +19,9 @@ Rules beyond the seeds' field table, decided here:
 * A `start` more than 5 minutes before `compute_now()` is refused; a start up
   to 5 minutes in the past, or at now, is "now" (`start_ms` None), so a client
   whose clock runs a little behind is not punished.
+* A `start` more than `CAPACITY_MAX_START_AHEAD` seconds (default 365 days)
+  after `compute_now()` is refused too (the horizon), so a booking ends at most
+  the horizon plus the longest duration (366 days) ahead.
 * The pool's sharing mode is not known from the body: `reservations.validation`
   calls `check_request_against_pool` once it holds the pool, for both methods.
 """
@@ -71,6 +74,23 @@ NODE_PROFILE_REGEX = r"^[A-Za-z0-9._:/-]{1,128}$"
 # How far in the past a start may be and still be read as "now".
 START_GRACE_MS = 5 * 60 * 1000
 DEFAULT_GANG_TOPOLOGY_KEY = "fabric"
+
+
+def start_horizon_seconds() -> int:
+    """How far after `compute_now()` a booking may start (`CAPACITY_MAX_START_AHEAD`)."""
+    from django.conf import settings
+
+    return int(settings.CAPACITY_MAX_START_AHEAD)
+
+
+def start_horizon_message(seconds: int) -> str:
+    """The refusal of a start past the horizon, in the largest whole unit (`365 days`)."""
+    unit, amount = "second", seconds
+    for name, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            unit, amount = name, seconds // size
+            break
+    return f"must not be more than {amount} {unit}{'' if amount == 1 else 's'} ahead"
 
 
 def _int(lo: int, hi: int, **kwargs: Any) -> StrictIntegerField:
@@ -247,6 +267,9 @@ class ReservationRequestSerializer(_RequestPart):
         now_ms = self._now_ms()
         if value < now_ms - START_GRACE_MS:
             raise serializers.ValidationError("must not be more than 5 minutes in the past")
+        horizon = start_horizon_seconds()
+        if value > now_ms + horizon * 1000:
+            raise serializers.ValidationError(start_horizon_message(horizon))
         return value
 
     def _now_ms(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from django.db.models import (
 )
 from django.db.models.expressions import RawSQL
 
+from core.constants import RESERVATION_ID_REGEX
 from core.errors import InvalidInput, NotFound
 from inventory.models import Pool
 from reservations.models import Allocation, DeviceBooking, Reservation
@@ -111,12 +113,16 @@ def encode_cursor(created_at: datetime, reservation_id: str) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The (created_at, id) an `encode_cursor` wrote; anything else (a NUL, a naive time) is INVALID_INPUT."""
     try:
         text = base64.urlsafe_b64decode(cursor.encode()).decode()
         created, reservation_id = text.split("|", 1)
-        return datetime.fromisoformat(created), reservation_id
+        created_at = datetime.fromisoformat(created)
     except (ValueError, binascii.Error, UnicodeError) as exc:
         raise InvalidInput.field("cursor", "is not a cursor this API returned") from exc
+    if created_at.tzinfo is None or re.fullmatch(RESERVATION_ID_REGEX, reservation_id) is None:
+        raise InvalidInput.field("cursor", "is not a cursor this API returned")
+    return created_at, reservation_id
 
 
 def reservation_list(

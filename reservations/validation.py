@@ -4,7 +4,8 @@ contract.md: both methods take the same body, "validated the same way". Both
 views call `reservation_request_resolve`, which does, in this order:
 
 1. parse the body (`parse_reservation_request`): INVALID_INPUT naming every
-   bad field;
+   bad field, a `start` more than 5 minutes past or beyond the horizon
+   (`CAPACITY_MAX_START_AHEAD`) included;
 2. decide on the pool (`inventory.access.decide_pool`): PERMISSION_DENIED
    without the method's permission on the tenant, NOT_FOUND when the pool is
    not visible to it;

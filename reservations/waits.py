@@ -53,7 +53,9 @@ class _Listener:
         params.pop("cursor_factory", None)
         params.pop("context", None)
         params.pop("prepare_threshold", None)
-        return psycopg.conninfo.make_conninfo(**{k: v for k, v in params.items() if isinstance(v, str | int)})
+        return psycopg.conninfo.make_conninfo(
+            "", **{k: v for k, v in params.items() if isinstance(v, str | int)}
+        )
 
     def _run(self) -> None:
         while True:

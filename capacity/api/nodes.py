@@ -4,7 +4,9 @@ They live in `capacity`, the top layer, because what they change reaches every
 layer below: a report can change a GPU's layout, which books atoms (guard 2).
 
 Every view: validate → decide on the platform → find the node (NOT_FOUND) →
-call one service → answer the node or device as it is after the change.
+call one service → answer the node or device as it is after the change. A node
+agent's credential may be narrowed to a pool's nodes or to one node: its
+report and its list are decided on the node found (`core.decisions.NodeScope`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,15 @@ from capacity.api.node_serializers import (
 )
 from core.api import RpcViewSet, rpc_action, rpc_input, rpc_output, rpc_platform_input
 from core.authentication import actor_of, principal_of
-from core.decisions import INVENTORY_REPORT, NODES_OPERATE, decide_platform_any
-from core.errors import InvalidInput
+from core.decisions import (
+    INVENTORY_REPORT,
+    NODE_OUT_OF_SCOPE,
+    NODES_OPERATE,
+    NodeScope,
+    decide_node,
+    decide_node_scope,
+)
+from core.errors import InvalidInput, NotFound, PermissionDenied
 from inventory import operations
 from inventory.models import Node
 from inventory.selectors import device_detail, device_get, devices_detail, node_detail, node_get, node_list
@@ -100,14 +109,17 @@ class NodesViewSet(RpcViewSet):
         response=NodeListOutput,
         summary="Nodes in hostname order, by pool, bucket, hostname prefix or label",
         description=(
-            "Operators (`compute:nodes:operate`) and node agents (`compute:inventory:report`). "
+            "Operators (`compute:nodes:operate`) and node agents (`compute:inventory:report`); "
+            "a node agent issued for a pool or a node sees only those nodes. "
             "Each node as `nodes/get` answers it, without its atoms; `nextCursor` pages on."
         ),
     )
     def list_nodes(self, request: Request) -> Response:
         data = rpc_input(request, NodeListInput)
-        decide_platform_any(principal=principal_of(request), permissions=(NODES_OPERATE, INVENTORY_REPORT))
-        nodes, next_cursor = node_list(**data)
+        scope = decide_node_scope(
+            principal=principal_of(request), permissions=(NODES_OPERATE, INVENTORY_REPORT)
+        )
+        nodes, next_cursor = node_list(**data, scope=scope)
         return rpc_output(NodeListOutput, {"nodes": nodes, "nextCursor": next_cursor})
 
     cordon = _node_operation("cordon", CordonInput, operations.node_cordon, "Cordon a node")
@@ -151,18 +163,38 @@ class InventoryViewSet(RpcViewSet):
         summary="A node's hardware report",
         description=(
             "Node agents (platform `node-agent`) and operators (`compute:inventory:report`). "
+            "A node agent issued for a pool or a node reports for those nodes only: any other node, "
+            "or one that does not exist, is `PERMISSION_DENIED` and nothing changes. "
             "Marks the node connected and records the heartbeat; answers the node's devices. "
             "A malformed report is refused whole."
         ),
     )
     def report(self, request: Request) -> Response:
-        data = rpc_platform_input(request, ReportInput, permission=INVENTORY_REPORT)
-        node = node_get(node_id=data["node_id"])
+        data = rpc_input(request, ReportInput)
+        scope = decide_node_scope(principal=principal_of(request), permissions=(INVENTORY_REPORT,))
+        node = _node_in_scope(scope, node_id=data["node_id"])
         try:
             devices = node_report_apply(node=node, report=data["report"], actor=actor_of(request))
         except InvalidInput as exc:
             raise _under_report(exc) from exc
         return rpc_output(ReportOutput, {"nodeId": node.pk, "devices": devices_detail(devices=devices)})
+
+
+def _node_in_scope(scope: NodeScope, *, node_id: str) -> Node:
+    """The node, if the credential's scope covers it.
+
+    A narrowed credential gets PERMISSION_DENIED for a node that does not
+    exist too, so it learns nothing about nodes beyond its scope; an
+    unnarrowed one gets NOT_FOUND, as before.
+    """
+    try:
+        node = node_get(node_id=node_id)
+    except NotFound:
+        if scope.everywhere:
+            raise
+        raise PermissionDenied(NODE_OUT_OF_SCOPE) from None
+    decide_node(scope, node_id=node.pk, pool_id=node.pool_id)
+    return node
 
 
 def _under_report(exc: InvalidInput) -> InvalidInput:

@@ -15,7 +15,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_output, rpc_tenant_input
+from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_output, rpc_tenant_input, rpc_write_count
 from core.authentication import actor_of, principal_of
 from core.decisions import CAPACITY_READ, RESERVATIONS_READ, RESERVATIONS_WRITE
 from reservations.api.serializers import (
@@ -96,6 +96,7 @@ class ReservationsViewSet(RpcViewSet):
         resolved = reservation_request_resolve(
             principal=principal_of(request), data=request.data, permission=RESERVATIONS_WRITE
         )
+        rpc_write_count(request, tenant_id=resolved.request.tenant_id)
         result = reservation_create(request=resolved.request, actor=actor_of(request), pool=resolved.pool)
         reservation = result.reservation
         if result.created:

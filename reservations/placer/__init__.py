@@ -18,16 +18,21 @@ Decisions where the specification is silent:
   each whole-GPU item; an item's own `topology` applies to that item.
 * Scalar claims are taken from `node_resources` when the reservation is made,
   even for a later start: the counter has no time axis, so claiming early is
-  the conservative choice. They are given back on release, on a spot notice,
-  or when the reconciler settles a reservation that ran to its end.
+  the conservative choice, and the booking horizon (`CAPACITY_MAX_START_AHEAD`)
+  bounds how long ahead of its start a claim can be held (docs/decisions.md).
+  They are given back on release, on a spot notice, or when the reconciler
+  settles a reservation that ran to its end.
 * Quota is charged per atom class booked (`gpu`, `gpu.mig`, ... and, for a
   whole-node lease, every class it takes) and per scalar times nodes.
 * Displacement: a regular request that fits nowhere is planned again treating
-  live spot bookings as free. It starts at `max(start, now + noticeSeconds)`;
-  every spot reservation it takes atoms from is cut to end then (its later
-  bookings are deleted, a spot that had not started is `preempted` at once),
-  and its scalars and quota are given back at notice time. Such a spot
-  reservation reads `preempted` once its notice has run out.
+  live spot bookings as free. When a spot booking on the chosen atoms stands
+  in the request's own window, it starts at `max(start, now + noticeSeconds)`;
+  an option that displaces nothing (its atoms were simply free by commit
+  time) keeps the request's own window. When displacing, every spot
+  reservation it takes atoms from is cut to end then (its later bookings are
+  deleted, a spot that had not started is `preempted` at once), and its
+  scalars and quota are given back at notice time. Such a spot reservation
+  reads `preempted` once its notice has run out.
 * Atom choice on a node: free atoms before spot-booked ones; one NVLink domain
   when asked; the NUMA node that holds the whole count with the fewest free
   atoms (best fit), else the largest NUMA groups first.

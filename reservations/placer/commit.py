@@ -2,11 +2,17 @@
 
 Per option of the shortlist, inside a savepoint (a nested `atomic()`):
 
-1. lock the node `FOR SHARE OF n` under the schedulability predicate (guard 4);
-2. lock the chosen atoms `FOR SHARE` where healthy and bookable (guard 4);
-3. insert the allocation, then every booking in ONE `INSERT ... SELECT ...
-   ON CONFLICT DO NOTHING` (guard 1: the exclusion constraint decides);
-4. claim the scalars with the guarded `UPDATE` (guard 3).
+1. for each member, lock the node `FOR SHARE OF n` under the schedulability
+   predicate, then the chosen atoms `FOR SHARE` where healthy and bookable
+   (guard 4);
+2. in displace mode, decide the window: the displaced one (the spot notice's
+   end) only when a spot booking on the option's atoms stands in the plain
+   window, and then give notice to the spot reservations booked in it; an
+   option that displaces nothing is booked for the plain window;
+3. for each member, insert the allocation, then every booking in ONE
+   `INSERT ... SELECT ... ON CONFLICT DO NOTHING` (guard 1: the exclusion
+   constraint decides), then claim the scalars with the guarded `UPDATE`
+   (guard 3).
 
 Any short row count means a concurrent transaction got there first: the
 savepoint rolls back and the next option is tried; when the shortlist is
@@ -118,60 +124,104 @@ def _insert_bookings(*, allocation_id: str, device_ids: list[int], window: Windo
         return cursor.rowcount == len(device_ids)
 
 
-def _displace_spot(*, device_ids: list[int], window: Window) -> list[str]:
-    """Give notice to the spot reservations booked on these atoms in the window; return their ids."""
+def _spot_in_the_way(*, device_ids: list[int], window: Window, displaced: Window) -> tuple[bool, list[str]]:
+    """Whether a spot booking on these atoms stands in the plain window, and the spot reservations to cut.
+
+    One statement over both windows (the displaced one starts and ends no
+    earlier than the plain one). A spot booking overlapping the plain window
+    is why the request cannot have it: the option then takes the displaced
+    window, and every spot reservation booked in that window gets a notice.
+    With none in the plain window, nothing is displaced and the option takes
+    the plain window: the atoms are simply free.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT DISTINCT r.id FROM device_bookings b"
+            "SELECT r.id, bool_or(b.during && tstzrange(%s, %s, '[)')),"
+            " bool_or(b.during && tstzrange(%s, %s, '[)'))"
+            " FROM device_bookings b"
             " JOIN reservations_allocation a ON a.id = b.allocation_id"
             " JOIN reservations_reservation r ON r.id = a.reservation_id"
             " WHERE b.device_id = ANY(%s) AND b.during && tstzrange(%s, %s, '[)') AND r.spot"
-            " ORDER BY r.id",
-            [device_ids, window.start, window.end],
+            " GROUP BY r.id ORDER BY r.id",
+            [
+                window.start,
+                window.end,
+                displaced.start,
+                displaced.end,
+                device_ids,
+                window.start,
+                max(window.end, displaced.end),
+            ],
         )
-        ids = [row[0] for row in cursor.fetchall()]
-    for reservation_id in ids:
-        spot_notice(reservation_id=reservation_id, ends_at=window.start, now=window.now)
-    return ids
+        rows = cursor.fetchall()
+    in_the_way = any(in_plain for _, in_plain, _ in rows)
+    return in_the_way, [reservation_id for reservation_id, _, in_displaced in rows if in_displaced]
 
 
-def _commit_member(
-    *, reservation: Reservation, request: ReservationRequest, member: Member, window: Window, displace: bool
-) -> tuple[Allocation, list[str]]:
+def _lock_member(*, request: ReservationRequest, member: Member) -> None:
+    """Guard 4 for one member: its node, then its atoms; a lost race raises `_LostRace`."""
     _hook("before_node_lock", member.node_id)
     if not _lock_node(node_id=member.node_id, pool_id=request.pool_id):
         raise _LostRace("node no longer schedulable")
-    device_ids = sorted(member.device_ids)
-    if not _lock_atoms(node_id=member.node_id, device_ids=device_ids):
+    if not _lock_atoms(node_id=member.node_id, device_ids=sorted(member.device_ids)):
         raise _LostRace("atoms no longer healthy and bookable")
     _hook("after_locks", member.node_id)
-    displaced: list[str] = []
-    if displace and member.displaced:
-        displaced = _displace_spot(device_ids=device_ids, window=window)
+
+
+def _book_member(
+    *, reservation: Reservation, request: ReservationRequest, member: Member, window: Window
+) -> Allocation:
+    """The allocation, its bookings (guard 1) and its scalar claims (guard 3); a lost race raises."""
     claims = {name: amount for name, amount in sorted(request.resources.items()) if amount > 0}
     allocation = Allocation.objects.create(reservation=reservation, node_id=member.node_id, resources=claims)
-    if not _insert_bookings(allocation_id=allocation.id, device_ids=device_ids, window=window):
+    if not _insert_bookings(allocation_id=allocation.id, device_ids=sorted(member.device_ids), window=window):
         raise _LostRace("atoms booked concurrently")
     if not node_resources_claim(node_id=member.node_id, resources=claims):
         raise _LostRace("scalars claimed concurrently")
-    return allocation, displaced
+    return allocation
 
 
 def _try_option(
-    *, reservation: Reservation, request: ReservationRequest, option: Option, window: Window, displace: bool
-) -> tuple[list[tuple[Allocation, Member]], list[str]] | None:
-    """All members or none: one savepoint around the whole option (a gang rolls back whole)."""
+    *,
+    reservation: Reservation,
+    request: ReservationRequest,
+    option: Option,
+    window: Window,
+    displaced: Window | None,
+) -> tuple[list[tuple[Allocation, Member]], list[str], Window] | None:
+    """All members or none: one savepoint around the whole option (a gang rolls back whole).
+
+    `displaced` is the displace-mode window. It is taken only when a spot
+    booking on the option's atoms stands in the plain `window` (and the spot
+    reservations booked in it get their notice); an option that displaces
+    nothing is booked for the plain window, whatever the plan expected.
+    """
     try:
         with transaction.atomic():
-            taken: list[tuple[Allocation, Member]] = []
-            displaced: list[str] = []
             for member in option.members:
-                allocation, cut = _commit_member(
-                    reservation=reservation, request=request, member=member, window=window, displace=displace
+                _lock_member(request=request, member=member)
+            chosen = window
+            cut: list[str] = []
+            if displaced is not None:
+                # Not `member.displaced`: the plan's flag is as of its snapshot, and a
+                # spot already under notice ends before the displaced window, unflagged.
+                in_the_way, spots = _spot_in_the_way(
+                    device_ids=sorted(i for member in option.members for i in member.device_ids),
+                    window=window,
+                    displaced=displaced,
                 )
-                taken.append((allocation, member))
-                displaced.extend(cut)
-            return taken, displaced
+                if in_the_way:
+                    chosen = displaced
+                    cut = [
+                        spot_id
+                        for spot_id in spots
+                        if spot_notice(reservation_id=spot_id, ends_at=displaced.start, now=displaced.now)
+                    ]
+            taken = [
+                (_book_member(reservation=reservation, request=request, member=member, window=chosen), member)
+                for member in option.members
+            ]
+            return taken, cut, chosen
     except _LostRace as lost:
         # Counted by operators (and the benchmark) to see how often placements collide.
         logger.info("placement lost a race on option %s: %s", option.members[0].node_id, lost)
@@ -184,6 +234,26 @@ def _try_option(
             logger.info("placement lost a race on option %s: %s", option.members[0].node_id, exc)
             return None
         raise
+
+
+def plan_commit(
+    *, reservation: Reservation, request: ReservationRequest, plan: Plan, window: Window
+) -> Placement | None:
+    """Book the first option of `plan` that still holds; None when every one lost its race.
+
+    `window` is the request's own (`placement_window`); a displace-mode plan's
+    window is the displaced one, taken only by an option that displaces a spot
+    booking (`_try_option`).
+    """
+    displaced = plan.window if plan.displace else None
+    for option in plan.options:
+        taken = _try_option(
+            reservation=reservation, request=request, option=option, window=window, displaced=displaced
+        )
+        if taken is not None:
+            allocations, cut, chosen = taken
+            return Placement(window=chosen, allocations=allocations, displaced_reservations=cut)
+    return None
 
 
 def placement_commit(
@@ -205,19 +275,9 @@ def placement_commit(
             if not plan.fits:
                 reason = plan.reason
                 break
-            for option in plan.options:
-                taken = _try_option(
-                    reservation=reservation,
-                    request=request,
-                    option=option,
-                    window=plan.window,
-                    displace=displace,
-                )
-                if taken is not None:
-                    allocations, displaced = taken
-                    return Placement(
-                        window=plan.window, allocations=allocations, displaced_reservations=displaced
-                    )
+            placement = plan_commit(reservation=reservation, request=request, plan=plan, window=window)
+            if placement is not None:
+                return placement
             reason = plan.reason
     details: list[dict[str, Any]] = []
     message = "the request does not fit"
@@ -336,12 +396,12 @@ def reservation_cut(
     return True
 
 
-def spot_notice(*, reservation_id: str, ends_at: datetime, now: datetime) -> None:
-    """Cut a spot reservation to end at `ends_at` and record the notice on it."""
+def spot_notice(*, reservation_id: str, ends_at: datetime, now: datetime) -> bool:
+    """Cut a spot reservation to end at `ends_at` and record the notice on it; whether it was cut."""
     # Locks the spot reservation so a concurrent release or a second notice waits for this one.
     reservation = Reservation.objects.select_for_update().get(pk=reservation_id)
     if reservation.state in ("released", "preempted") or reservation.ends_at <= ends_at:
-        return
+        return False
     reservation_cut(reservation_id=reservation_id, at=ends_at, now=now)
     updates: dict[str, Any] = {"notice_at": now, "notice_ends_at": ends_at}
     if ends_at > reservation.starts_at:
@@ -352,6 +412,7 @@ def spot_notice(*, reservation_id: str, ends_at: datetime, now: datetime) -> Non
             state="preempted", released_at=now, release_reason="displaced by a regular reservation"
         )
     Reservation.objects.filter(pk=reservation_id).update(**updates)
+    return True
 
 
 def plan_for_preview(*, request: ReservationRequest, pool: Pool, window: Window) -> tuple[Plan, Plan | None]:

@@ -30,6 +30,7 @@ from reservations.placer.filters import (
 )
 from reservations.placer.scorers import score_sql
 from reservations.placer.sql import Params
+from reservations.request import start_horizon_message, start_horizon_seconds
 from reservations.request_types import ReservationRequest
 
 SHORTLIST_SIZE = 10
@@ -76,13 +77,21 @@ class Plan:
 
 
 def placement_window(*, request: ReservationRequest, now: datetime | None = None) -> Window:
-    """`[start, start + duration)` by the database clock; a start a little in the past means now."""
+    """`[start, start + duration)` by the database clock; a start a little in the past means now.
+
+    The start must lie within the horizon (`CAPACITY_MAX_START_AHEAD`), as the
+    request's parser already checked for API bodies; callers that build the
+    request themselves (the services, scripts) are held to it here.
+    """
     now = now or compute_now()
     start = now
     if request.start_ms is not None:
         asked = datetime.fromtimestamp(request.start_ms / 1000, tz=now.tzinfo)
         if asked < now - START_PAST_TOLERANCE:
             raise InvalidInput.field("start", "must not be more than 5 minutes in the past")
+        horizon = start_horizon_seconds()
+        if asked > now + timedelta(seconds=horizon):
+            raise InvalidInput.field("start", start_horizon_message(horizon))
         start = max(asked, now)
     return Window(start=start, end=start + timedelta(seconds=request.duration_seconds), now=now)
 

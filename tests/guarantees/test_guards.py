@@ -18,14 +18,17 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
+from capacity.rollups import rollup_rebuild
 from core.clock import compute_now
-from core.errors import NoCapacity, QuotaExceeded
+from core.errors import Conflict, NoCapacity, QuotaExceeded
 from inventory.models import Device, Node, NodeResource, Pool
-from ledger.models import QuotaUsage
+from ledger.models import PoolCapacityRollup, QuotaUsage
 from reservations.daemon import daemon_holdings
+from reservations.layouts import node_report_apply
 from reservations.models import DeviceBooking, Reservation
 from reservations.placer import commit
-from reservations.services import ReservationCreated, reservation_create
+from reservations.request_types import ReservationRequest
+from reservations.services import ReservationCreated, reservation_create, reservation_release
 from tests.support.factories import (
     AllocationFactory,
     DeviceFactory,
@@ -36,6 +39,7 @@ from tests.support.factories import (
     partitioned_gpu,
 )
 from tests.support.placement import gpu_request
+from tests.support.reports import gpu, mig, report
 from tests.support.threads import JOIN_SECONDS, Worker, wait_until_blocked_on_lock, workers_race, workers_run
 
 
@@ -83,6 +87,80 @@ def assert_no_overlapping_bookings() -> None:
             " ON a.device_id = b.device_id AND a.id < b.id AND a.during && b.during"
         )
         assert cursor.fetchone()[0] == 0
+
+
+def hold_first_placement(
+    hooks: list[Callable[[str, str], None]], point: str = "after_locks"
+) -> tuple[threading.Event, threading.Event]:
+    """A commit hook that holds the first placement to reach `point` until `go_on` is set.
+
+    Returns `(reached, go_on)`; placements that come later pass the point freely.
+    """
+    reached = threading.Event()
+    go_on = threading.Event()
+    claimed = threading.Lock()
+
+    def hold(at: str, node_id: str) -> None:
+        if at == point and claimed.acquire(blocking=False):
+            reached.set()
+            assert go_on.wait(JOIN_SECONDS)
+
+    hooks.append(hold)
+    return reached, go_on
+
+
+def waiting_statement(worker: Worker) -> str:
+    """The statement a worker's backend is running (or waiting in)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [worker.pid])
+        return str(cursor.fetchone()[0])
+
+
+def rows_held(lock_rows: Callable[[], Any]) -> tuple[Worker, threading.Event]:
+    """A transaction that runs `lock_rows` (a `select_for_update`) and keeps the locks until told."""
+    locked = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic():
+            lock_rows()
+            locked.set()
+            assert release.wait(JOIN_SECONDS)
+
+    holder = Worker(hold)
+    holder.start()
+    assert locked.wait(JOIN_SECONDS)
+    return holder, release
+
+
+def bus(index: int) -> str:
+    return f"00000000:{0x18 + index:02x}:00.0"
+
+
+def gpus_by_bus(pool: Pool, gpus: int, **resources: int) -> Node:
+    """A node whose GPUs a request can name one by one (`pciBusId`), with scalar `resources`."""
+    node = NodeFactory(pool=pool)
+    for index in range(gpus):
+        DeviceFactory(
+            node=node,
+            uid=f"GPU-{node.id}-{index}",
+            attributes={"gpuModel": "H100", "vramGiB": 80, "numaNode": 0, "pciBusId": bus(index)},
+        )
+    for resource, amount in resources.items():
+        NodeResourceFactory(node=node, resource=resource, allocatable=amount)
+    return node
+
+
+def on_gpu(pool: Pool, index: int, **fields: Any) -> ReservationRequest:
+    """One whole GPU, the one on bus `index`: two such requests never queue on one atom."""
+    return gpu_request(pool, 1, selector={"pciBusId": {"eq": bus(index)}}, **fields)
+
+
+def booked_device_ids(reservation: Reservation | None = None) -> set[int]:
+    bookings = DeviceBooking.objects.all()
+    if reservation is not None:
+        bookings = bookings.filter(allocation__reservation=reservation)
+    return set(bookings.values_list("device_id", flat=True))
 
 
 # --- Guard 1: device-time exclusivity ---------------------------------------------
@@ -172,6 +250,70 @@ def test_guard2_a_partitioned_parent_is_never_offered_and_a_layout_change_blocks
     assert parent.id not in booked and booked == {c.id for c in children}
 
 
+@pytest.mark.django_db
+def test_guard2_whole_gpus_never_come_from_a_partitioned_gpu_in_an_exclusive_pool() -> None:
+    # An exclusive pool sells whole GPUs; this node also carries a MIG-enabled one,
+    # whose parent is a `gpu` device too, healthy, free and matching every selector.
+    pool = PoolFactory(sharing="exclusive")
+    node = NodeFactory(pool=pool)
+    whole = DeviceFactory(node=node, uid="GPU-whole")
+    parent, _children = partitioned_gpu(node, "GPU-partitioned", "gpu.mig", {"gi1/ci0": {}, "gi2/ci0": {}})
+    with pytest.raises(NoCapacity):
+        reservation_create(request=gpu_request(pool, 2), actor="t")
+    reservation_create(request=gpu_request(pool, 1), actor="t")
+    assert booked_device_ids() == {whole.id}
+    with pytest.raises(NoCapacity):
+        reservation_create(request=gpu_request(pool, 1), actor="t")
+    assert not DeviceBooking.objects.filter(device=parent).exists()
+
+
+@pytest.mark.django_db
+def test_guard2_a_whole_node_lease_takes_the_partitions_but_never_their_parent() -> None:
+    pool = PoolFactory(sharing="exclusive")
+    node = NodeFactory(pool=pool)
+    whole = DeviceFactory(node=node, uid="GPU-whole")
+    _parent, children = partitioned_gpu(node, "GPU-partitioned", "gpu.mig", {"gi1/ci0": {}, "gi2/ci0": {}})
+    node_atom = DeviceFactory(node=node, uid=node.id, device_class="node", attributes={})
+    reservation, _ = reservation_create(request=gpu_request(pool, 1, binding="node"), actor="t")
+    assert booked_device_ids(reservation) == {whole.id, node_atom.id, *(c.id for c in children)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard2_enabling_mig_under_a_placement_in_flight_is_refused(
+    hooks: list[Callable[[str, str], None]],
+) -> None:
+    pool = PoolFactory(sharing="exclusive")
+    node = NodeFactory(pool=pool)
+    node_report_apply(node=node, report=report(node.hostname, [gpu(0)]), actor="agent")
+    reached, go_on = hold_first_placement(hooks)
+    placer = Worker(attempt(gpu_request(pool, 1)))
+    placer.start()
+    assert reached.wait(JOIN_SECONDS)
+
+    def enable_mig() -> str:
+        try:
+            node_report_apply(
+                node=node,
+                report=report(node.hostname, [gpu(0, mig=mig("3g.40gb", "3g.40gb"))]),
+                actor="agent",
+            )
+        except Conflict:
+            return "refused"
+        return "applied"
+
+    # The placement holds the node and the GPU FOR SHARE, not yet booked: the report waits for it.
+    reporter = Worker(enable_mig)
+    reporter.start()
+    wait_until_blocked_on_lock(reporter)
+    go_on.set()
+    assert isinstance(placer.finish(), ReservationCreated), placer.error
+    # The layout change then finds the GPU booked and is refused whole.
+    assert reporter.finish() == "refused", reporter.error
+    assert Device.objects.get(uid=gpu(0)["uuid"]).bookable
+    assert not Device.objects.filter(node=node, device_class="gpu.mig").exists()
+    assert not DeviceBooking.objects.filter(purpose="layout-change").exists()
+
+
 # --- Guard 3: guarded scalar counters ----------------------------------------------------
 
 
@@ -186,6 +328,63 @@ def test_guard3_scalar_claims_never_exceed_allocatable_times_ratio_under_concurr
     assert sum(isinstance(r, NoCapacity) for r in results) == 3
     assert NodeResource.objects.get(node=node).allocated == 8
     assert_no_overlapping_bookings()
+
+
+# The two races below take different GPUs of one node, so the exclusion
+# constraint never orders them: only the guarded UPDATE (and its CHECK) does.
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard3_a_placement_planned_before_another_commits_cannot_claim_the_vcpus_taken_since(
+    hooks: list[Callable[[str, str], None]],
+) -> None:
+    pool = PoolFactory()
+    node = gpus_by_bus(pool, 2, vcpu=10)
+    reached, go_on = hold_first_placement(hooks)
+    first = Worker(attempt(on_gpu(pool, 0, resources={"vcpu": 6})))
+    first.start()
+    # Planned (10 vCPUs free, so the node fit) and locked, its claim not yet made.
+    assert reached.wait(JOIN_SECONDS)
+    # Meanwhile another placement takes the other GPU and 6 of the 10 vCPUs, and commits.
+    second = attempt(on_gpu(pool, 1, resources={"vcpu": 6}))()
+    go_on.set()
+    assert isinstance(second, ReservationCreated) and second.created, second
+    result = first.finish()
+    assert first.error is None, first.error
+    # The first one's claim comes back short; replanned, the node no longer fits it.
+    assert isinstance(result, NoCapacity), result
+    assert NodeResource.objects.get(node=node).allocated == 6
+    assert booked_device_ids() == {Device.objects.get(uid=f"GPU-{node.id}-1").id}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard3_a_claim_that_waited_for_another_claims_row_lock_rechecks_the_limit() -> None:
+    pool = PoolFactory()
+    node = gpus_by_bus(pool, 2, vcpu=10)
+    QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=8)
+    # Holding the quota row stops the first placement just after its scalar claim,
+    # whose row lock it then holds, uncommitted.
+    gate, open_gate = rows_held(lambda: list(QuotaUsage.objects.select_for_update().filter(pool=pool)))
+    first = Worker(attempt(on_gpu(pool, 0, resources={"vcpu": 6})))
+    first.start()
+    wait_until_blocked_on_lock(first)
+    assert "quota_usage" in waiting_statement(first)
+    # The second planned while the first's claim was invisible (0 of 10 vCPUs taken),
+    # booked the other GPU, and now waits for the first's node_resources row.
+    second = Worker(attempt(on_gpu(pool, 1, resources={"vcpu": 6})))
+    second.start()
+    wait_until_blocked_on_lock(second)
+    assert "inventory_noderesource" in waiting_statement(second)
+    open_gate.set()
+    gate.join_ok()
+    assert isinstance(first.finish(), ReservationCreated), first.error
+    result = second.finish()
+    assert second.error is None, second.error
+    # Its UPDATE re-read the row the first committed (6 of 10): 0 rows, a lost race, no capacity.
+    assert isinstance(result, NoCapacity), result
+    assert NodeResource.objects.get(node=node).allocated == 6
+    assert QuotaUsage.objects.get(pool=pool).used == 1
+    assert booked_device_ids() == {Device.objects.get(uid=f"GPU-{node.id}-0").id}
 
 
 # --- Guard 4: linearizable eligibility ----------------------------------------------------
@@ -306,12 +505,67 @@ def test_guard5_quota_is_never_exceeded_under_concurrency() -> None:
     assert_no_overlapping_bookings()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_guard5_a_charge_that_waited_for_another_charges_row_lock_rechecks_the_limit() -> None:
+    pool = PoolFactory()
+    gpus_by_bus(pool, 2)
+    QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=1)
+    rollup_rebuild(pool_id=pool.id)
+    # Holding the pool's rollup rows stops the first placement just after its quota
+    # charge (the rollup deltas come next), whose row lock it then holds, uncommitted.
+    gate, open_gate = rows_held(
+        lambda: list(PoolCapacityRollup.objects.select_for_update().filter(pool=pool))
+    )
+    first = Worker(attempt(on_gpu(pool, 0)))
+    first.start()
+    wait_until_blocked_on_lock(first)
+    assert "pool_capacity_rollup" in waiting_statement(first)
+    # The second booked the other GPU (no atom to queue on) and now waits for the quota row.
+    second = Worker(attempt(on_gpu(pool, 1)))
+    second.start()
+    wait_until_blocked_on_lock(second)
+    assert "quota_usage" in waiting_statement(second)
+    open_gate.set()
+    gate.join_ok()
+    assert isinstance(first.finish(), ReservationCreated), first.error
+    result = second.finish()
+    assert second.error is None, second.error
+    # Its guarded UPDATE re-read the row the first committed (1 of 1): refused.
+    assert isinstance(result, QuotaExceeded), result
+    assert QuotaUsage.objects.get(pool=pool).used == 1
+    assert DeviceBooking.objects.count() == 1
+
+
 @pytest.mark.django_db
-def test_guard5_no_quota_row_means_unlimited_and_a_release_gives_back() -> None:
+def test_guard5_no_quota_row_means_unlimited() -> None:
     pool = PoolFactory()
     one_node(pool, 4)
     reservation_create(request=gpu_request(pool, 4), actor="t")
     assert not QuotaUsage.objects.exists()
+
+
+def quota_used(pool: Pool) -> dict[str, int]:
+    return dict(QuotaUsage.objects.filter(pool=pool).values_list("resource", "used"))
+
+
+@pytest.mark.django_db
+def test_guard5_a_release_gives_back_what_the_create_charged_once() -> None:
+    pool = PoolFactory()
+    node = one_node(pool, 4)
+    NodeResourceFactory(node=node, resource="vcpu", allocatable=16)
+    QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=2)
+    QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="vcpu", max=8)
+    first, _ = reservation_create(request=gpu_request(pool, 2, resources={"vcpu": 8}), actor="t")
+    assert quota_used(pool) == {"gpu": 2, "vcpu": 8}
+    with pytest.raises(QuotaExceeded):
+        reservation_create(request=gpu_request(pool, 1), actor="t")
+    reservation_release(reservation=first, actor="t")
+    assert quota_used(pool) == {"gpu": 0, "vcpu": 0}
+    # What was given back can be charged again, and a second release of the first gives nothing more.
+    reservation_create(request=gpu_request(pool, 2, resources={"vcpu": 8}), actor="t")
+    assert quota_used(pool) == {"gpu": 2, "vcpu": 8}
+    reservation_release(reservation=first, actor="t")
+    assert quota_used(pool) == {"gpu": 2, "vcpu": 8}
 
 
 # --- Guard 6: the node refuses an overlapping assignment ---------------------------------

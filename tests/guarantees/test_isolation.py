@@ -10,14 +10,18 @@ The caller always names tenant `acme`. Relative to it, the pools are:
 Each pool has a node with GPUs and a reservation with a lease: acme's in the
 owned, offered and archived pools (made before the archive), rival's in the
 foreign one. The tokens are acme's member and viewer, a member of rival, a
-platform operator, none, a revoked one and an expired one.
+platform operator, two node agents narrowed by `issue_token` (one to the owned
+pool's nodes, one to the offered pool's node), none, a revoked one and an
+expired one.
 
 The answer of each cell follows the contract: no credential (or an unknown,
 revoked or expired one) is UNAUTHENTICATED before anything else; a credential
 without the permission on `acme` is PERMISSION_DENIED before any pool or
 reservation is looked up (so it learns nothing about what exists); a pool not
 owned by or offered to acme, or archived and not acme's, is NOT_FOUND; node
-and inventory methods are for platform bindings only.
+and inventory methods are for platform bindings only, and a narrowed node
+agent reports only for the nodes it was issued for (PERMISSION_DENIED for any
+other) and lists only those.
 
 Decision recorded here where the contract is silent: a tenant keeps access to
 its own reservation after the pool it was made in is archived (get, renew and,
@@ -28,6 +32,7 @@ archiving a pool must not strand running bookings.
 from __future__ import annotations
 
 import hashlib
+import io
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,12 +52,14 @@ from inventory.models import Device, Node, Pool
 from reservations.request import parse_reservation_request
 from reservations.services import reservation_create
 from tests.support.api import bearer_client, post
-from tests.support.commands import run_python
+from tests.support.commands import run_command, run_python
 from tests.support.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
 
 CALLER = "acme"
 POOL_KINDS = ("owned", "offered", "foreign", "archived")
-TOKEN_KINDS = ("tenant", "viewer", "other-tenant", "operator", "none", "revoked", "expired")
+# The node agents narrowed to a scope, and the pool kinds whose node each reaches.
+AGENT_REACH = {"pool-agent": ("owned",), "node-agent": ("offered",)}
+TOKEN_KINDS = ("tenant", "viewer", "other-tenant", "operator", *AGENT_REACH, "none", "revoked", "expired")
 
 
 @dataclass
@@ -77,6 +84,12 @@ def _book(pool: Pool, tenant_id: str, key: str) -> str:
     )
     reservation, _ = reservation_create(request=request, actor="setup")
     return str(reservation.pk)
+
+
+def _issue_agent(*scope: str) -> str:
+    """A node-agent token as `issue_token` prints it, narrowed by `scope`."""
+    args = ("--platform", "--role", "node-agent", *scope)
+    return run_command("issue_token", *args, stderr=io.StringIO()).strip()
 
 
 @pytest.fixture
@@ -115,6 +128,8 @@ def world(db: Any) -> World:
         "viewer": token_issue(tenant_id=CALLER, role="viewer", name="acme viewer")[1],
         "other-tenant": token_issue(tenant_id=rival.id, role="member", name="rival member")[1],
         "operator": token_issue(tenant_id=None, role="operator", name="operator")[1],
+        "pool-agent": _issue_agent("--pool", pools["owned"].id),
+        "node-agent": _issue_agent("--node", nodes["offered"].id),
         "none": None,
         "revoked": revoked,
         "expired": expired,
@@ -137,6 +152,7 @@ PLATFORM = (
     "nodes/setMaintenance",
     "devices/setHealth",
     "inventory/report",
+    "nodes/list",
 )
 METHODS = TENANT_READS + RESERVATION_READS + POOL_READS + POOL_WRITES + PLATFORM + RESERVATION_WRITES
 
@@ -163,6 +179,7 @@ def body_for(method: str, kind: str, world: World, cell: str) -> dict[str, Any]:
         "capacity/preview": request,
         "reservations/create": request,
         "nodes/get": {"nodeId": node.id},
+        "nodes/list": {"poolId": pool.id},
         "nodes/cordon": {"nodeId": node.id, "reason": "matrix"},
         "nodes/uncordon": {"nodeId": node.id},
         "nodes/taint": {"nodeId": node.id, "key": "matrix/t", "effect": "PreferNoSchedule"},
@@ -186,6 +203,11 @@ def expected(method: str, kind: str, token: str) -> tuple[int, str | None]:
     """The contract's answer for one cell: (HTTP status, error code or None)."""
     if token in ("none", "revoked", "expired"):
         return 401, "UNAUTHENTICATED"
+    if token in AGENT_REACH:
+        # A narrowed agent: its own nodes' reports, and a list (of its nodes only); nothing else.
+        if method == "nodes/list" or (method == "inventory/report" and kind in AGENT_REACH[token]):
+            return 200, None
+        return 403, "PERMISSION_DENIED"
     if method in PLATFORM:
         return (200, None) if token == "operator" else (403, "PERMISSION_DENIED")
     if token == "other-tenant":
@@ -325,6 +347,29 @@ def test_a_node_agent_may_report_and_nothing_else(world: World) -> None:
     for method in ("nodes/cordon", "devices/setHealth", "capacity/summary", "reservations/create"):
         response = call(agent, method, body_for(method, "owned", world, f"agent-{method}"))
         assert response.status_code == 403, (method, response.json())
+
+
+@pytest.mark.django_db
+def test_a_narrowed_agent_lists_only_its_nodes_and_wipes_none_of_the_others(world: World) -> None:
+    for token_kind, reach in AGENT_REACH.items():
+        for kind in POOL_KINDS:
+            node = world.nodes[kind]
+            listed = call(world.tokens[token_kind], "nodes/list", {"poolId": world.pools[kind].id}).json()
+            assert [n["id"] for n in listed["nodes"]] == ([node.id] if kind in reach else []), (
+                token_kind,
+                kind,
+            )
+            if kind in reach:
+                continue
+            before = sorted(Device.objects.filter(node=node).values_list("uid", "healthy", "vanished_at"))
+            heartbeat = Node.objects.get(pk=node.pk).last_heartbeat_at
+            wipe = {"nodeId": node.id, "report": {"hostname": node.hostname, "gpus": []}}
+            response = call(world.tokens[token_kind], "inventory/report", wipe)
+            assert response.status_code == 403, (token_kind, kind, response.json())
+            after = sorted(Device.objects.filter(node=node).values_list("uid", "healthy", "vanished_at"))
+            assert after == before and Node.objects.get(pk=node.pk).last_heartbeat_at == heartbeat
+        everything = call(world.tokens[token_kind], "nodes/list", {}).json()
+        assert {n["id"] for n in everything["nodes"]} == {world.nodes[k].id for k in reach}
 
 
 # --- The admin: staff login and CSRF -------------------------------------------------------

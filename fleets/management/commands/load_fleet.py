@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 
 from core.errors import Conflict, InvalidInput
+from core.json_input import json_loads_strict
 from core.progress import progress_bar
 from fleets.load import fleet_load
 
@@ -25,9 +26,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         path = Path(options["file"])
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            # Strict: UTF-8, no repeated keys, no NUL or unpaired surrogate in any string.
+            data = json_loads_strict(path.read_bytes())
+        except OSError as exc:
             raise CommandError(f"{path}: {exc}") from exc
+        except InvalidInput as exc:
+            raise CommandError(f"{path}: refused, nothing was loaded: {exc.message}") from exc
         # Progress goes to stderr and only on a terminal, so stdout stays the JSON answer.
         console = Console(stderr=True)
         started = time.monotonic()

@@ -8,9 +8,11 @@ quota rows and rollups claim.
 from __future__ import annotations
 
 import json
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from capacity.rollups import rollup_rebuild_all
 from tests.support.torture.commitlog import commitlog_check
@@ -206,6 +208,54 @@ def invariant_problems(*, require_delivery: bool = True) -> list[str]:
         *check_reservations_whole(),
         *check_daemon(require_delivery=require_delivery),
     ]
+
+
+def snapshot_problems() -> list[str]:
+    """The invariants that hold at every instant, read in ONE snapshot while other work is in flight.
+
+    Every booking, scalar claim and quota charge commits in the transaction that
+    makes or releases the reservation, so any committed state must already have
+    no atom booked twice, every `node_resources.allocated` within
+    `floor(allocatable * ratio)` and equal to its live claims, and every quota's
+    `used` within `max` and equal to its live charges. One REPEATABLE READ
+    transaction makes the recounts agree with each other. Left out: the node
+    daemon (told after commit) and the rollups (bucket moves wait for a rebuild).
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        return [*check_no_double_booking(), *check_scalars(), *check_quota()]
+
+
+@dataclass
+class Sampler:
+    """Runs `snapshot_problems` every `every` operations of a run, on the calling thread's connection.
+
+    The runs call `maybe(index)` before operation `index`, so the number of
+    samples is fixed by the operation count, not by timing; each sample sees
+    the other threads' transactions open mid-flight.
+    """
+
+    every: int
+    samples: int = 0
+    problems: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def expected(self, operations: int) -> int:
+        return -(-operations // self.every)
+
+    def due(self, index: int) -> bool:
+        return index % self.every == 0
+
+    def sample(self) -> str:
+        found = snapshot_problems()
+        with self.lock:
+            self.samples += 1
+            self.problems.extend(f"in flight, sample {self.samples}: {problem}" for problem in found)
+        return "sampled"
+
+    def maybe(self, index: int) -> None:
+        if self.due(index):
+            self.sample()
 
 
 def problems_after_run(fleet: Fleet) -> list[str]:
