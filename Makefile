@@ -56,6 +56,7 @@ fmt: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.flood
 
 soak: $(STAMP)
 	SOAK=1 $(BIN)/pytest tests/test_capacity_concurrency.py
