@@ -30,7 +30,8 @@ run: $(STAMP) .env
 	$(BIN)/python manage.py load_fleet $(DEMO_FLEET) > /dev/null
 	$(BIN)/python manage.py rebuild_rollups
 	$(BIN)/python manage.py ensure_admin --url http://$(HOST):$(PORT)/admin/
-	$(BIN)/python manage.py runserver $(HOST):$(PORT)
+	# The Procfile's processes, as production runs them: the web server and the worker; Ctrl-C stops both.
+	PATH="$(CURDIR)/$(BIN):$$PATH" HOST=$(HOST) PORT=$(PORT) $(BIN)/honcho start
 
 test: $(STAMP)
 	$(BIN)/pytest

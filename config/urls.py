@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from core.api import api_not_found
+from core.api import api_not_found, api_read_only
 from core.views import healthz, landing
 
 urlpatterns = [
@@ -12,8 +12,8 @@ urlpatterns = [
     path("api/compute/", include("capacity.api.urls")),
     path("api/compute/", include("reservations.api.urls")),
     path("api/compute/", include("capacity.api.timeline")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/schema/", api_read_only(SpectacularAPIView.as_view()), name="schema"),
+    path("api/docs/", api_read_only(SpectacularSwaggerView.as_view(url_name="schema")), name="api-docs"),
     # Last: any other /api/ URL answers the JSON envelope, whatever the method,
     # even with DEBUG on (where handler404 is not used) and before the CSRF
     # middleware could answer a POST with its HTML page (the view is exempt),

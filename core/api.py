@@ -161,6 +161,25 @@ def api_not_found(
     return JsonResponse(error_body("NOT_FOUND", "no such method"), status=404)
 
 
+def api_read_only(view: Callable[..., Any]) -> Callable[..., Any]:
+    """A documentation page under `/api/` (`api/docs/`, `api/schema/`): any method but a read is the envelope.
+
+    Left alone, drf-spectacular's views answer a `POST` with their own page (HTML
+    or YAML); every `/api/` path answers errors in JSON.
+    """
+
+    @csrf_exempt
+    def read_only(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            body = error_body("INVALID_INPUT", "method: use GET", [{"field": "method", "message": "use GET"}])
+            response = JsonResponse(body, status=405)
+            response["Allow"] = "GET, HEAD, OPTIONS"
+            return response
+        return view(request, *args, **kwargs)
+
+    return read_only
+
+
 def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
     """JSON for `/api/` URLs, Django's page elsewhere (the admin)."""
     if _is_api_path(request):

@@ -1,7 +1,9 @@
 """JSON as it enters the service: parsed once, strictly, and every string in it checked once.
 
-Every way JSON comes in goes through here (the API's parser, fleet files) or
-through `input_problems` (a node report or fleet document already parsed):
+The API's parser (`core.api.StrictJSONParser`) and the fleet-file loader
+parse with `json_loads_strict`; the parsers of documents handed over already
+parsed (`inventory.reports.report_parse`, `fleets.spec.fleet_parse`) check
+their strings with `text_problem`. The rules:
 
 * the bytes must be UTF-8 and the text JSON; `NaN`, `Infinity` and a key
   repeated in one object are refused (Python's `json` would take the last);
@@ -121,18 +123,17 @@ _SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
 _Path = tuple[Any, str | int] | None
 
 
-def _render(path: _Path, prefix: str) -> str:
+def _render(path: _Path) -> str:
+    """`devices[0].selector.gpuModel`; a path into a top-level list or none at all starts at `body`."""
     parts: list[str] = []
     while path is not None:
         path, step = path
-        parts.append(f"[{step}]" if isinstance(step, int) else f".{printable_name(step)}")
-    text = prefix + "".join(reversed(parts))
-    if text.startswith("."):
-        return text[1:]
-    return text if text and not text.startswith("[") else f"body{text}"
+        parts.append(f"[{step}]" if isinstance(step, int) else f".{printable_name(str(step))}")
+    text = "".join(reversed(parts))
+    return text[1:] if text.startswith(".") else f"body{text}"
 
 
-def input_problems(data: Any, *, prefix: str = "") -> list[dict[str, str]]:
+def input_problems(data: Any) -> list[dict[str, str]]:
     """Every bad string, field name, repeated key or refused number in `data`, as capped details.
 
     Walks the whole document once, without recursion (a document as deep as
@@ -145,7 +146,7 @@ def input_problems(data: Any, *, prefix: str = "") -> list[dict[str, str]]:
         nonlocal count
         count += 1
         if count <= MAX_ERROR_DETAILS:
-            details.append({"field": _render(path, prefix), "message": message})
+            details.append({"field": _render(path), "message": message})
 
     stack: list[tuple[Any, _Path]] = [(data, None)]
     while stack:
@@ -175,20 +176,20 @@ def input_problems(data: Any, *, prefix: str = "") -> list[dict[str, str]]:
     return details
 
 
-def check_input(data: Any, *, prefix: str = "") -> None:
+def check_input(data: Any) -> None:
     """Raise `InvalidInput` naming every problem `input_problems` finds in `data`."""
-    details = input_problems(data, prefix=prefix)
+    details = input_problems(data)
     if details:
         raise InvalidInput.from_details(details)
 
 
-def json_loads_strict(raw: bytes | str, *, prefix: str = "") -> Any:
+def json_loads_strict(raw: bytes | str) -> Any:
     """Parse a JSON document strictly (see the module); `InvalidInput` names every problem."""
     if isinstance(raw, bytes):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidInput.field(prefix or "body", f"not valid UTF-8 (at byte {exc.start})") from exc
+            raise InvalidInput.field("body", f"not valid UTF-8 (at byte {exc.start})") from exc
     else:
         text = raw
     decoder = _Decoder()
@@ -202,12 +203,17 @@ def json_loads_strict(raw: bytes | str, *, prefix: str = "") -> Any:
         )
     except json.JSONDecodeError as exc:
         message = f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-        raise InvalidInput.field(prefix or "body", message) from exc
+        raise InvalidInput.field("body", message) from exc
     except _NotJson as exc:
-        raise InvalidInput.field(prefix or "body", f"not valid JSON: {exc}") from exc
+        raise InvalidInput.field("body", f"not valid JSON: {exc}") from exc
     except RecursionError as exc:
         # A body nested a few thousand levels deep exhausts the decoder's stack.
-        raise InvalidInput.field(prefix or "body", "not valid JSON: nested too deeply") from exc
-    if decoder.suspect or _SUSPECT_ESCAPE.search(text):
-        check_input(data, prefix=prefix)
+        raise InvalidInput.field("body", "not valid JSON: nested too deeply") from exc
+    # Text handed over as `str` may hold a surrogate as it is, not only as an escape.
+    if (
+        decoder.suspect
+        or _SUSPECT_ESCAPE.search(text)
+        or (isinstance(raw, str) and _BAD_CHARACTER.search(text))
+    ):
+        check_input(data)
     return data

@@ -233,3 +233,21 @@ def test_an_unknown_api_path_answers_the_envelope_without_credentials_too(path: 
     response = APIClient(enforce_csrf_checks=True).post(path, b"{}", content_type="application/json")
     status, body = status_and_body(response)
     assert_error(status, body, "NOT_FOUND", 404)
+
+
+@pytest.mark.parametrize("path", ["/api/docs/", "/api/schema/"])
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+def test_the_documentation_pages_answer_other_methods_in_the_envelope(path: str, method: str) -> None:
+    response = APIClient(enforce_csrf_checks=True).generic(
+        method, path, b"{}", content_type="application/json"
+    )
+    status, body = status_and_body(response)
+    assert_error(status, body, "INVALID_INPUT", 405)
+    assert body["error"]["details"] == [{"field": "method", "message": "use GET"}]
+
+
+@pytest.mark.parametrize("path", ["/api/docs", "/api/schema"])
+def test_the_documentation_pages_are_still_reached_without_their_slash(path: str) -> None:
+    response = APIClient().get(path)
+    assert response.status_code == 301 and response["Location"] == f"{path}/"
+    assert APIClient().get(f"{path}/").status_code == 200
