@@ -100,7 +100,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# WhiteNoise serves the apps' static files where they are (no collectstatic step), so
+# there is no STATIC_ROOT to fill (an empty one would only make it warn at start).
 WHITENOISE_USE_FINDERS = True
 
 # API bodies above this size are refused with INVALID_INPUT before parsing.
