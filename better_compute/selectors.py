@@ -1,8 +1,8 @@
 """The CLI's selector expressions, read into the API's selector object.
 
-The same syntax as the operators' `manage.py capacity --selector` (the server's
-`reservations.selectors_parse.parse_cli_selector`), reimplemented here because
-the tenant's CLI never imports the server's code:
+The one reader of this syntax: the operators' `manage.py capacity --selector`
+reads it through this module too (`capacity.cli_selectors`), with the server's
+attribute registry, since the tenant's CLI never imports the server's code:
 
 * comma-separated clauses, one per attribute: `vramGiB >= 80, gpuModel == H100`;
 * comparisons `==` (or `=`), `!=`, `>`, `>=`, `<`, `<=`;
@@ -22,7 +22,12 @@ work without a newer CLI.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+# How a clause's values are typed: `int`, `str`, or None (unknown: an unquoted integer is a number).
+KindOf = Callable[[str], type | None]
 
 # The server's attribute registry (`inventory.attributes.ATTRIBUTE_TYPES`); node labels are strings.
 INT_ATTRIBUTES = frozenset({"vramGiB", "numaNode", "memoryGiB", "slotIndex", "linkGbps", "sizeGiB"})
@@ -115,7 +120,7 @@ def _typed(kind: type | None, text: str, quoted: bool) -> Any:
     return text
 
 
-def _parse_clause(clause: str) -> tuple[str, dict[str, Any]]:
+def _parse_clause(clause: str, kind_of: KindOf) -> tuple[str, dict[str, Any]]:
     """One clause as (attribute, `{operator: value}`); ValueError says why not."""
     text = clause.strip()
     if not text:
@@ -126,7 +131,7 @@ def _parse_clause(clause: str) -> tuple[str, dict[str, Any]]:
     match = _LIST_CLAUSE.fullmatch(text)
     if match:
         name, keyword, inner = match.groups()
-        kind = attribute_kind(name)
+        kind = kind_of(name)
         values: list[Any] = []
         for item in split_clauses(inner):
             read = _read_value(item)
@@ -150,7 +155,7 @@ def _parse_clause(clause: str) -> tuple[str, dict[str, Any]]:
                 "needs one value after the operator (quote it if it holds , ( ) = ! < > or quotes)"
             )
         op = _SYMBOLS[symbol]
-        kind = attribute_kind(name)
+        kind = kind_of(name)
         if op in _ORDERED and kind is str:
             raise ValueError(f"{name}: {op} compares integers; {name} is a string attribute")
         try:
@@ -160,23 +165,77 @@ def _parse_clause(clause: str) -> tuple[str, dict[str, Any]]:
     raise ValueError("is not `name op value`, `name in (a, b)`, `name notin (a, b)` or `name [!]exists`")
 
 
-def parse_selector(text: str) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class Clause:
+    """One clause as written, and what it says (`name`, `spec` in the API's form) or why it cannot be read."""
+
+    text: str
+    name: str | None
+    spec: dict[str, Any] | None
+    problem: str | None
+
+
+def read_clauses(text: str, *, kind_of: KindOf = attribute_kind) -> list[Clause]:
+    """Every clause of `text`, read or refused, in order: the one reader of the syntax.
+
+    `kind_of(name)` types the values (`int`, `str`, or None: an unquoted integer
+    is a number). The tenants' CLI passes what it knows of the registry; the
+    operators' `manage.py capacity --selector` passes the server's registry and
+    then normalizes each clause as the API does (`capacity.cli_selectors`).
+    """
+    clauses: list[Clause] = []
+    seen: set[str] = set()
+    for raw in split_clauses(text):
+        shown = raw.strip()
+        try:
+            name, spec = _parse_clause(raw, kind_of)
+        except ValueError as exc:
+            clauses.append(Clause(shown, None, None, str(exc)))
+            continue
+        if name in seen:
+            clauses.append(
+                Clause(shown, name, None, f"{name} already has a condition; use one per attribute")
+            )
+            continue
+        seen.add(name)
+        clauses.append(Clause(shown, name, spec, None))
+    return clauses
+
+
+def parse_selector(text: str, *, kind_of: KindOf = attribute_kind) -> dict[str, dict[str, Any]]:
     """`"vramGiB >= 80, gpuModel == H100"` as the API's selector object; SelectorError names bad clauses."""
     if not text.strip():
         return {}
-    selector: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
-    for clause in split_clauses(text):
-        shown = clause.strip()
-        try:
-            name, spec = _parse_clause(clause)
-        except ValueError as exc:
-            problems.append(f"clause {shown!r}: {exc}")
-            continue
-        if name in selector:
-            problems.append(f"clause {shown!r}: {name} already has a condition; use one per attribute")
-            continue
-        selector[name] = spec
+    clauses = read_clauses(text, kind_of=kind_of)
+    problems = [f"clause {c.text!r}: {c.problem}" for c in clauses if c.problem is not None]
     if problems:
         raise SelectorError(problems)
-    return selector
+    return {c.name: c.spec for c in clauses if c.name is not None and c.spec is not None}
+
+
+# How each operator is written back (`=` reads as `==`, which is how it is written).
+_CLI_OF = {op: symbol for symbol, op in _SYMBOLS.items() if symbol != "="}
+
+
+def _cli_value(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    text = str(value)
+    if _BARE_VALUE.fullmatch(text) and not _INT_TEXT.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def selector_text(selector: dict[str, dict[str, Any]]) -> str:
+    """A selector object as this syntax writes it; `read_clauses` reads it back to the same object."""
+    clauses = []
+    for name, ops in selector.items():
+        for op, value in ops.items():
+            if op == "exists":
+                clauses.append(f"{name} {'exists' if value else '!exists'}")
+            elif op in ("in", "notIn"):
+                keyword = "in" if op == "in" else "notin"
+                clauses.append(f"{name} {keyword} ({', '.join(_cli_value(v) for v in value)})")
+            else:
+                clauses.append(f"{name} {_CLI_OF[op]} {_cli_value(value)}")
+    return ", ".join(clauses)

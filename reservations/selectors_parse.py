@@ -44,27 +44,6 @@ MAX_INT = 2**53 - 1
 # Node label keys as Kubernetes writes them (`topology.kubernetes.io/zone`).
 _LABEL_NAME = re.compile(r"node\.[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 
-_CLI_SYMBOLS = {"==": "eq", "=": "eq", "!=": "ne", ">": "gt", ">=": "gte", "<": "lt", "<=": "lte"}
-_CLI_OF = {"eq": "==", "ne": "!=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
-_NAME = r"[A-Za-z][A-Za-z0-9._/-]*"
-_QUOTED = r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'"
-_COMPARE_CLAUSE = re.compile(rf"({_NAME})\s*(==|!=|>=|<=|=|>|<)\s*(.*)", re.DOTALL)
-_LIST_CLAUSE = re.compile(rf"({_NAME})\s+(in|notin)\s*\((.*)\)", re.DOTALL | re.IGNORECASE)
-_EXISTS_CLAUSE = re.compile(rf"({_NAME})\s+(!?exists)", re.IGNORECASE)
-_QUOTED_VALUE = re.compile(_QUOTED, re.DOTALL)
-# An unquoted value: words separated by single spaces, none of the characters
-# that belong to the syntax, so a missing comma is an error, not part of a value.
-_BARE_VALUE = re.compile(r"[^\s\"'(),=!<>\\]+(?: [^\s\"'(),=!<>\\]+)*")
-_INT_TEXT = re.compile(r"[+-]?[0-9]{1,16}")
-
-
-class SelectorSyntaxError(InvalidInput):
-    """A CLI selector clause that cannot be read; `clause` is the text as written."""
-
-    def __init__(self, message: str, details: list[dict[str, Any]] | None = None, clause: str = "") -> None:
-        super().__init__(message, details)
-        self.clause = clause
-
 
 # --- The API object form ---------------------------------------------------------
 
@@ -84,7 +63,7 @@ def _check_value(kind: type, value: Any) -> str | None:
     return None
 
 
-def _normalize_entry(name: Any, spec: Any) -> tuple[dict[str, Any] | None, str | None]:
+def normalize_entry(name: Any, spec: Any) -> tuple[dict[str, Any] | None, str | None]:
     """One attribute's `{operator: value}`, or the reason it is refused."""
     kind = attribute_type(name) if isinstance(name, str) else None
     if kind is None:
@@ -135,7 +114,7 @@ def selector_errors(obj: Any) -> tuple[Selector, dict[str, str]]:
     selector: Selector = {}
     errors: dict[str, str] = {}
     for name, spec in obj.items():
-        entry, problem = _normalize_entry(name, spec)
+        entry, problem = normalize_entry(name, spec)
         if problem is not None:
             errors[str(name)] = problem
         elif entry is not None:
@@ -157,152 +136,6 @@ def normalize_selector(obj: Any, *, field: str) -> Selector:
 def selector_to_api(selector: Selector) -> dict[str, Any]:
     """The API object form of a normalized selector (`normalize_selector` reads it back)."""
     return {name: dict(ops) for name, ops in selector.items()}
-
-
-# --- The CLI string form ---------------------------------------------------------
-
-
-def _split_clauses(text: str) -> list[str]:
-    """Split on commas outside quotes and parentheses; unbalanced input keeps its text whole."""
-    clauses: list[str] = []
-    depth = 0
-    quote: str | None = None
-    escaped = False
-    current: list[str] = []
-    for char in text:
-        if quote is not None:
-            current.append(char)
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == quote:
-                quote = None
-            continue
-        if char in "\"'":
-            quote = char
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        elif char == "," and depth == 0:
-            clauses.append("".join(current))
-            current = []
-            continue
-        current.append(char)
-    clauses.append("".join(current))
-    return clauses
-
-
-def _unquote(token: str) -> str:
-    body = token[1:-1]
-    return re.sub(r"\\(.)", r"\1", body, flags=re.DOTALL)
-
-
-def _read_value(token: str) -> tuple[str, bool] | None:
-    """A value's text and whether it was quoted, or None when it is not one value."""
-    token = token.strip()
-    if _QUOTED_VALUE.fullmatch(token):
-        return _unquote(token), True
-    if _BARE_VALUE.fullmatch(token):
-        return token, False
-    return None
-
-
-def _typed(kind: type, text: str, quoted: bool) -> Any:
-    """CLI text as the attribute's type; a quoted value is always a string."""
-    if kind is int:
-        if quoted or not _INT_TEXT.fullmatch(text):
-            raise ValueError("needs an integer")
-        return int(text)
-    return text
-
-
-def _parse_clause(clause: str) -> tuple[str, dict[str, Any]]:
-    """One clause as (attribute, `{operator: value}` in the API form); ValueError says why not."""
-    text = clause.strip()
-    if not text:
-        raise ValueError("is empty")
-    match = _EXISTS_CLAUSE.fullmatch(text)
-    if match:
-        return match.group(1), {"exists": not match.group(2).startswith("!")}
-    match = _LIST_CLAUSE.fullmatch(text)
-    if match:
-        name, keyword, inner = match.groups()
-        kind = attribute_type(name) or str
-        items = _split_clauses(inner)
-        values: list[Any] = []
-        for item in items:
-            read = _read_value(item)
-            if read is None:
-                raise ValueError(f"cannot read the list value {item.strip()!r}")
-            values.append(_typed(kind, *read))
-        return name, {"in" if keyword.lower() == "in" else "notIn": values}
-    match = _COMPARE_CLAUSE.fullmatch(text)
-    if match:
-        name, symbol, rest = match.groups()
-        read = _read_value(rest)
-        if read is None:
-            raise ValueError(
-                "needs one value after the operator (quote it if it holds , ( ) = ! < > or quotes)"
-            )
-        kind = attribute_type(name) or str
-        return name, {_CLI_SYMBOLS[symbol]: _typed(kind, *read)}
-    raise ValueError("is not `name op value`, `name in (a, b)`, `name notin (a, b)` or `name [!]exists`")
-
-
-def parse_cli_selector(text: str) -> Selector:
-    """The CLI's comma-separated clauses as a Selector; SelectorSyntaxError names each bad clause."""
-    if not isinstance(text, str):
-        raise SelectorSyntaxError(
-            "selector: must be text", [{"field": "selector", "message": "must be text"}]
-        )
-    if not text.strip():
-        return {}
-    selector: Selector = {}
-    problems: list[tuple[str, str]] = []
-    for clause in _split_clauses(text):
-        try:
-            name, spec = _parse_clause(clause)
-        except ValueError as exc:
-            problems.append((clause.strip(), str(exc)))
-            continue
-        if name in selector:
-            problems.append((clause.strip(), f"{name} already has a condition; use one per attribute"))
-            continue
-        entry, problem = _normalize_entry(name, spec)
-        if problem is not None:
-            problems.append((clause.strip(), f"{name}: {problem}"))
-        elif entry is not None:
-            selector[name] = entry
-    if problems:
-        details = [{"field": "selector", "message": f"clause {c!r}: {m}"} for c, m in problems]
-        raise SelectorSyntaxError.from_details(details, clause=problems[0][0])
-    return selector
-
-
-def _cli_value(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    text = str(value)
-    if _BARE_VALUE.fullmatch(text) and not _INT_TEXT.fullmatch(text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def selector_to_cli(selector: Selector) -> str:
-    """The CLI string form of a normalized selector (`parse_cli_selector` reads it back)."""
-    clauses = []
-    for name, ops in selector.items():
-        for op, value in ops.items():
-            if op == "exists":
-                clauses.append(f"{name} {'exists' if value else '!exists'}")
-            elif op in LIST_OPERATORS:
-                keyword = "in" if op == "in" else "notin"
-                clauses.append(f"{name} {keyword} ({', '.join(_cli_value(v) for v in value)})")
-            else:
-                clauses.append(f"{name} {_CLI_OF[op]} {_cli_value(value)}")
-    return ", ".join(clauses)
 
 
 # --- Matching ----------------------------------------------------------------------
