@@ -50,6 +50,25 @@ def hooks() -> Iterator[list[Callable[[str, str], None]]]:
     commit.HOOKS.clear()
 
 
+# Events that hold a thread (and its open transaction) until the test lets it go.
+_GATES: list[threading.Event] = []
+
+
+def gate() -> threading.Event:
+    """An event a thread waits on; set at the latest when the test ends, pass or fail."""
+    event = threading.Event()
+    _GATES.append(event)
+    return event
+
+
+@pytest.fixture(autouse=True)
+def open_every_gate_at_the_end() -> Iterator[None]:
+    """A failing test (a guard removed) lets its held threads go at once instead of after JOIN_SECONDS."""
+    yield
+    while _GATES:
+        _GATES.pop().set()
+
+
 def one_node(pool: Pool, gpus: int, **fields: Any) -> Node:
     node = NodeFactory(pool=pool, **fields)
     for index in range(gpus):
@@ -97,7 +116,7 @@ def hold_first_placement(
     Returns `(reached, go_on)`; placements that come later pass the point freely.
     """
     reached = threading.Event()
-    go_on = threading.Event()
+    go_on = gate()
     claimed = threading.Lock()
 
     def hold(at: str, node_id: str) -> None:
@@ -119,7 +138,7 @@ def waiting_statement(worker: Worker) -> str:
 def rows_held(lock_rows: Callable[[], Any]) -> tuple[Worker, threading.Event]:
     """A transaction that runs `lock_rows` (a `select_for_update`) and keeps the locks until told."""
     locked = threading.Event()
-    release = threading.Event()
+    release = gate()
 
     def hold() -> None:
         with transaction.atomic():
@@ -425,7 +444,7 @@ def test_guard4_a_flip_that_commits_first_is_seen_by_the_placement(flip: str) ->
     pool = PoolFactory()
     node = one_node(pool, 2)
     flipped = threading.Event()
-    go_commit = threading.Event()
+    go_commit = gate()
 
     def operator() -> None:
         with transaction.atomic():
@@ -458,7 +477,7 @@ def test_guard4_a_flip_that_commits_second_sees_the_placement(
     pool = PoolFactory()
     node = one_node(pool, 2)
     locked = threading.Event()
-    go_on = threading.Event()
+    go_on = gate()
 
     def hold(point: str, node_id: str) -> None:
         if point == "after_locks":
