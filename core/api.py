@@ -34,14 +34,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from core.authentication import BearerTokenAuthentication, PrincipalRequired, principal_of
-from core.constants import (  # noqa: F401  (re-exported for the apps' serializers)
-    MAX_TIME_MS,
-    NODE_ID_REGEX,
-    POOL_ID_REGEX,
-    PROJECT_ID_REGEX,
-    RESERVATION_ID_REGEX,
-    TENANT_ID_REGEX,
-)
+from core.constants import MAX_TIME_MS, NODE_ID_REGEX, POOL_ID_REGEX, TENANT_ID_REGEX
 from core.decisions import WRITE_PERMISSIONS, decide_platform, decide_tenant
 from core.errors import ERROR_CODES, MAX_ERROR_DETAILS, DomainError, InvalidInput, cap_details, more_detail
 from core.json_input import json_loads_strict
