@@ -26,3 +26,8 @@ MAX_TIME_MS = 140737488355328
 # SQLSTATEs the services react to (PostgreSQL's error codes appendix).
 DEADLOCK_DETECTED = "40P01"
 SERIALIZATION_FAILURE = "40001"
+
+# The worker LISTENs here: a write that brings a deadline closer (a create, a
+# renew, a node that needs its bookings repaired) sends a NOTIFY so the worker
+# recomputes its next deadline instead of sleeping through it.
+WORKER_CHANNEL = "worker_wake"

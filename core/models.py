@@ -160,3 +160,23 @@ class RateWindow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} @ {self.window_start:%H:%M}: {self.count}"
+
+
+class WorkerJob(models.Model):
+    """One of the worker's jobs: when it last ran, how long it took, and how it ended.
+
+    `/healthz` and the admin's header read these rows to show the worker's lag.
+    """
+
+    name = models.CharField(primary_key=True, max_length=64)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_finished_at = models.DateTimeField(null=True, blank=True)
+    last_ok_at = models.DateTimeField(null=True, blank=True)
+    last_seconds = models.FloatField(default=0)
+    last_error = models.TextField(blank=True)
+    last_count = models.BigIntegerField(default=0)
+    runs = models.BigIntegerField(default=0)
+    holder = models.CharField(max_length=128, blank=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -127,6 +127,13 @@ class Node(models.Model):
         indexes = [
             # The placer and the rebuild walk a pool's nodes.
             models.Index(fields=["pool", "id"], name="node_pool"),
+            # Liveness: the connected node that reported longest ago (nodes that
+            # never reported, such as fleet-file nodes, are not watched).
+            models.Index(
+                fields=["last_heartbeat_at"],
+                name="node_heartbeat_watch",
+                condition=Q(connectivity="connected", last_heartbeat_at__isnull=False),
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -19,6 +19,13 @@ class Upper(Func):
     output_field = models.DateTimeField()
 
 
+class LowerBound(Func):
+    """`lower(range)`: the start of a booking's `during`."""
+
+    function = "lower"
+    output_field = models.DateTimeField()
+
+
 class ReservationState(models.TextChoices):
     SCHEDULED = "scheduled"
     ACTIVE = "active"
@@ -55,6 +62,10 @@ class Reservation(models.Model):
     notice_ends_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
     release_reason = models.TextField(blank=True)
+    # BookingRepair: set when a booking of this reservation sits on a node or atom
+    # that left the schedulable set and could not be moved (or is running there).
+    at_risk_reason = models.TextField(blank=True)
+    at_risk_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
 
     class Meta:
@@ -74,6 +85,18 @@ class Reservation(models.Model):
                 fields=["lease_expires_at"],
                 name="reservation_lease_live",
                 condition=Q(state__in=["scheduled", "active"], lease_expires_at__isnull=False),
+            ),
+            # Settlement finds live reservations that reached their end.
+            models.Index(
+                fields=["ends_at"],
+                name="reservation_live_ends",
+                condition=Q(state__in=["scheduled", "active"]),
+            ),
+            # The at-risk count per pool (capacity/byPool) and the repair's retries.
+            models.Index(
+                fields=["pool", "at_risk_since"],
+                name="reservation_at_risk",
+                condition=Q(at_risk_since__isnull=False),
             ),
         ]
 
@@ -107,6 +130,21 @@ class BookingPurpose(models.TextChoices):
     LAYOUT_CHANGE = "layout-change"
 
 
+class BookingPhase(models.IntegerChoices):
+    """Where the rollups count a booking: `reserved`, `allocated`, or no longer.
+
+    Set on insert by a trigger from the booking's window and `compute_now()`
+    (the clock the inserting transaction's deltas use), moved forward by the
+    worker (`reservations.phases`) when the booking starts and ends, with the
+    matching rollup deltas in the same transaction. The rebuild counts phases,
+    so it and the deltas agree by construction.
+    """
+
+    FUTURE = 0
+    RUNNING = 1
+    OVER = 2
+
+
 class DeviceBooking(models.Model):
     """A claim on one atom for `[start, end)`. History: a release shortens `during`."""
 
@@ -119,6 +157,8 @@ class DeviceBooking(models.Model):
         max_length=16, choices=BookingPurpose.choices, default=BookingPurpose.ALLOCATION
     )
     during = DateTimeRangeField()
+    # Overwritten on insert by the `device_bookings_phase` trigger (migration 0006).
+    phase = models.PositiveSmallIntegerField(choices=BookingPhase.choices, db_default=BookingPhase.FUTURE)
 
     class Meta:
         db_table = "device_bookings"
@@ -151,6 +191,10 @@ class DeviceBooking(models.Model):
                 include=["during"],
                 name="booking_device_ends",
             ),
+            # The worker's next deadlines: the earliest start of a booking still counted
+            # as reserved, and the earliest end of one counted as allocated.
+            models.Index(LowerBound("during"), name="booking_phase_future", condition=Q(phase=0)),
+            models.Index(Upper("during"), name="booking_phase_running", condition=Q(phase=1)),
         ]
 
     def __str__(self) -> str:
@@ -174,3 +218,30 @@ class WaitSlot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} #{self.slot}"
+
+
+class DeliveryKind(models.TextChoices):
+    ASSIGN = "assign"
+    SHORTEN = "shorten"
+
+
+class Delivery(models.Model):
+    """The outbox: what a node must be told about a reservation, written in the booking transaction.
+
+    Delivered after commit and deleted once the node answered; the worker
+    retries what is left (a crash between commit and delivery loses nothing).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="deliveries")
+    kind = models.CharField(max_length=8, choices=DeliveryKind.choices)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
+
+    class Meta:
+        indexes = [models.Index(fields=["next_attempt_at"], name="delivery_due")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.reservation_id}"
