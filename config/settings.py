@@ -131,6 +131,15 @@ SPECTACULAR_SETTINGS = {
 
 # The capacity reconciler's period (the seeds' `rollupEvery`).
 CAPACITY_ROLLUP_EVERY_SECONDS = env.int("CAPACITY_ROLLUP_EVERY_SECONDS", default=300)
+# Liveness: a node that has reported before and sent nothing for this long becomes
+# `disconnected` (nodes that never reported, as fleet-file nodes, are not watched).
+CAPACITY_NODE_STALE_SECONDS = env.int("CAPACITY_NODE_STALE_SECONDS", default=120)
+# The worker sleeps until its next deadline or a NOTIFY, but never longer than this.
+CAPACITY_WORKER_MAX_SLEEP_SECONDS = env.float("CAPACITY_WORKER_MAX_SLEEP_SECONDS", default=60.0)
+# /healthz answers 503 when a worker job is overdue by more than this.
+CAPACITY_WORKER_LAG_SECONDS = env.float("CAPACITY_WORKER_LAG_SECONDS", default=30.0)
+# A delivery a node did not take is retried after this, doubling per attempt (capped at 5 min).
+CAPACITY_DELIVERY_RETRY_SECONDS = env.float("CAPACITY_DELIVERY_RETRY_SECONDS", default=2.0)
 # How long a MIG or slot layout change books the GPU's atoms (guard 2).
 CAPACITY_LAYOUT_CHANGE_SECONDS = env.int("CAPACITY_LAYOUT_CHANGE_SECONDS", default=600)
 # The booking horizon: a reservation may start at most this far after `compute_now()`

@@ -378,7 +378,7 @@ class NodeOperation:
 
 def _ops() -> dict[str, NodeOperation]:
     # Imported when used: the services module is the one place node state is written.
-    from inventory import operations as ops
+    from reservations import node_events as ops
 
     return {
         "cordon": NodeOperation(
@@ -670,7 +670,7 @@ class NodeAdmin(ConsoleAdmin):
         initial = {"healthy": request.GET.get("healthy", "0" if device.healthy else "1")}
         form = DeviceHealthForm(request.POST if request.method == "POST" else None, initial=initial)
         if request.method == "POST" and form.is_valid():
-            from inventory import operations as ops
+            from reservations import node_events as ops
 
             before = node_allocatable_atoms(node=node)
             healthy = form.cleaned_data["healthy"]

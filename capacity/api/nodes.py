@@ -45,9 +45,9 @@ from core.decisions import (
     decide_node_scope,
 )
 from core.errors import InvalidInput, NotFound, PermissionDenied
-from inventory import operations
 from inventory.models import Node
 from inventory.selectors import device_detail, device_get, devices_detail, node_detail, node_get, node_list
+from reservations import node_events as operations
 from reservations.layouts import node_report_apply
 
 OPERATORS_ONLY = "Platform operators only (`compute:nodes:operate`)."

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from inventory.management.commands._node_command import NodeCommand
 from inventory.models import Node
-from inventory.operations import node_uncordon
+from reservations.management.commands._node_command import NodeCommand
+from reservations.node_events import node_uncordon
 
 
 class Command(NodeCommand):

@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from inventory.management.commands._node_command import NodeCommand
 from inventory.models import Node, TaintEffect
-from inventory.operations import node_taint
+from reservations.management.commands._node_command import NodeCommand
+from reservations.node_events import node_taint
 
 
 class Command(NodeCommand):

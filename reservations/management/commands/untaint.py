@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from inventory.management.commands._node_command import NodeCommand
 from inventory.models import Node, Taint
-from inventory.operations import node_untaint
+from reservations.management.commands._node_command import NodeCommand
+from reservations.node_events import node_untaint
 
 
 class Command(NodeCommand):

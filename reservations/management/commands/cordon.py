@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from inventory.management.commands._node_command import NodeCommand
 from inventory.models import Node
-from inventory.operations import node_cordon
+from reservations.management.commands._node_command import NodeCommand
+from reservations.node_events import node_cordon
 
 
 class Command(NodeCommand):
