@@ -107,9 +107,9 @@ def _create(cur: psycopg.Cursor[Any], atom: Atom, run_id: str, rollup: str = "ro
     now = cur.execute("SELECT compute_now()").fetchone()[0]  # type: ignore[index]
     cur.execute(
         "INSERT INTO reservations_reservation (id, request, request_digest, idempotency_key, spot, binding,"
-        " starts_at, ends_at, state, release_reason, pool_id, tenant_id, created_at)"
-        " VALUES (%s, '{}'::jsonb, %s, %s, false, 'hold', %s, %s + interval '1 hour', 'active', '', %s, %s,"
-        " compute_now())",
+        " starts_at, ends_at, state, release_reason, at_risk_reason, pool_id, tenant_id, created_at)"
+        " VALUES (%s, '{}'::jsonb, %s, %s, false, 'hold', %s, %s + interval '1 hour', 'active', '', '',"
+        " %s, %s, compute_now())",
         [rsv, "0" * 64, f"floor-{run_id}-{number}", now, now, atom.pool_id, atom.tenant_id],
     )
     if cur.execute(_LOCK_NODE, [atom.node_id, atom.pool_id]).fetchone() is None:

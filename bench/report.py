@@ -307,6 +307,7 @@ def _markdown(results: dict[str, Any]) -> str:
                 "them and the floor on one pool is what the single hot rollup row costs.",
                 "",
             ]
+    lines += _worker_lines(results, sizes)
     lines += ["## Server memory", ""]
     for size in sizes:
         rss = results["sizes"][size]["peak_rss_mb"]
@@ -317,6 +318,54 @@ def _markdown(results: dict[str, Any]) -> str:
     lines += [f"| {name} | {secs:.1f} |" for name, secs in results["steps_s"].items()]
     lines.append("")
     return "\n".join(lines)
+
+
+def _worker_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
+    """The worker's section: a pass of every job, its schedule query, its CPU per minute (bench/worker.py)."""
+    size = next((s for s in reversed(sizes) if "worker" in results["sizes"][s]), None)
+    if size is None:
+        return []
+    worker = results["sizes"][size]["worker"]
+    first, steady = worker["first_pass"], worker["steady_pass"]
+    lines = [
+        f"## The worker ({int(size):,} nodes)",
+        "",
+        "One pass of every job, due or not (`WorkerLoop.run_once`): the first after the fleet was written,",
+        "then a steady one. The loop runs a job only when it falls due; this is the cost of all of them at once.",
+        "",
+        "| job | first pass s | did | steady pass s | did |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, job in first["jobs"].items():
+        again = steady["jobs"].get(name, {})
+        failed = "" if job["ok"] else " (failed)"
+        lines.append(
+            f"| `{name}`{failed} | {job['seconds']:.3f} | {job['count']} | {again.get('seconds', 0):.3f} | {again.get('count', '')} |"
+        )
+    lines.append(f"| whole pass | {first['total_s']:.3f} | | {steady['total_s']:.3f} | |")
+    schedule = worker["schedule"]
+    lines += [
+        "",
+        f"The schedule query (`next_deadline()`, run on every wake): p50 {schedule['p50_ms']:.2f} ms, p99 {schedule['p99_ms']:.2f} ms.",
+        "",
+        "CPU per minute of `manage.py worker` (user + system) and of its two database backends:",
+        "",
+    ]
+    labels = {
+        "idle": "idle (the fleet loaded, nothing booked: nothing falls due)",
+        "steady": "steady (one million bookings starting and ending)",
+    }
+    for key, label in labels.items():
+        cpu = worker.get(f"cpu_{key}")
+        if not cpu:
+            continue
+        db = f"{cpu['db_cpu_s_per_min']:.3f} s" if cpu["db_cpu_s_per_min"] is not None else "not readable"
+        lines.append(
+            f"* {label}: worker {cpu['worker_cpu_s_per_min']:.3f} s, database {db},"
+            f" {cpu['passes_per_min']:.0f} passes per minute"
+        )
+    lines.append("")
+    return lines
 
 
 def report_write(*, results: dict[str, Any], out_dir: Path, page: Path) -> None:

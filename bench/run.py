@@ -6,7 +6,9 @@ the fleet with `make_fleet` and loads it, fills it with bookings (100 per
 node: one million at 10,000 nodes), rebuilds the rollups, and starts gunicorn
 against it. It then measures the capacity reads and previews at both sizes,
 and at the large size the create + release throughput through HTTP next to
-its SQL floor, the rebuild and the timeline, and the workers' peak memory.
+its SQL floor, the rebuild and the timeline, the gunicorn workers' peak
+memory, and the worker process's cost (`bench/worker.py`: a pass of every job,
+CPU per minute idle and with the fleet's bookings).
 
 Everything lands in `docs/benchmarks/results.json`, the charts in
 `docs/benchmarks/*.png` and the page `docs/benchmarks.md`.
@@ -83,7 +85,10 @@ class _Step:
         console.print(f"  [green]✓[/] {self.name}: {took:.1f}s (total {total:.0f}s)")
 
 
-def _build_fleet(*, server: Server, nodes: int, clock: Clock) -> dict[str, Any]:
+def _build_fleet(
+    *, server: Server, nodes: int, clock: Clock, after_load: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """Recreate the database, load a synthetic fleet, run `after_load` (nothing booked yet), fill bookings."""
     from django.core.management import call_command
     from django.db import connections
 
@@ -103,6 +108,8 @@ def _build_fleet(*, server: Server, nodes: int, clock: Clock) -> dict[str, Any]:
         answer = io.StringIO()
         call_command("load_fleet", str(path), stdout=answer)
         ids = json.loads(answer.getvalue())
+    if after_load is not None:
+        after_load()
     with clock.step(f"{nodes} nodes: fill bookings"):
         filled = bookings_fill(conninfo=server.conninfo(BENCH_DB), target_bookings=nodes * BOOKINGS_PER_NODE)
     console.print(
@@ -307,6 +314,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks*")
     parser.add_argument(
+        "--worker-seconds",
+        type=float,
+        default=60.0,
+        help="how long the worker's CPU is measured, idle and steady, at the largest fleet (0: skip)",
+    )
+    parser.add_argument(
         "--keep-db",
         action="store_true",
         help=f"keep {BENCH_DB} (the largest fleet) after the run, to inspect it",
@@ -330,7 +343,20 @@ def main(argv: list[str] | None = None) -> None:
         "sizes": {},
     }
     for nodes in sizes:
-        fleet = _build_fleet(server=server, nodes=nodes, clock=clock)
+        worker: dict[str, Any] = {}
+        measure_worker = nodes == max(sizes) and args.worker_seconds > 0
+
+        def worker_idle(nodes: int = nodes, worker: dict[str, Any] = worker) -> None:
+            from bench.worker import worker_cpu
+
+            with clock.step(f"{nodes} nodes: the worker idle for {args.worker_seconds:.0f}s"):
+                worker["cpu_idle"] = worker_cpu(
+                    database_url=server.url(BENCH_DB), seconds=args.worker_seconds
+                )
+
+        fleet = _build_fleet(
+            server=server, nodes=nodes, clock=clock, after_load=worker_idle if measure_worker else None
+        )
         rebuild = _rebuild(clock=clock, nodes=nodes)
         tokens = _tokens()
         pools = _pool_ids(fleet)
@@ -353,6 +379,15 @@ def main(argv: list[str] | None = None) -> None:
                     log=gunicorn.log_count,
                 )
             size["peak_rss_mb"] = {str(pid): round(rss / 2**20, 1) for pid, rss in gunicorn.peak_rss.items()}
+        if measure_worker:
+            from bench.worker import worker_measure
+
+            worker.update(
+                worker_measure(
+                    database_url=server.url(BENCH_DB), nodes=nodes, clock=clock, seconds=args.worker_seconds
+                )
+            )
+            size["worker"] = worker
         results["sizes"][str(nodes)] = size
         _print_size(nodes, size)
     results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -383,4 +418,7 @@ def _print_size(nodes: int, size: dict[str, Any]) -> None:
         table.add_row(f"preview {name}", f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}")
     table.add_row("rebuild_rollups (median)", f"{size['rebuild']['median_s'] * 1000:.0f}", "")
     console.print(table)
-    console.print(f"  peak RSS per worker: {size['peak_rss_mb']} MB")
+    console.print(f"  peak RSS per gunicorn worker: {size['peak_rss_mb']} MB")
+    from bench.worker import print_worker
+
+    print_worker(size)

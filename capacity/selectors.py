@@ -1,18 +1,22 @@
-"""Capacity reads: rollup rows in the contract's shape, and the tenant summary.
+"""Capacity reads: rollup rows in the contract's shape, the tenant summary, and at-risk reservations.
 
-These only read `pool_capacity_rollup` (never devices or bookings), in a
-fixed number of queries whatever the number of pools.
+The rollup reads only read `pool_capacity_rollup` (never devices or bookings),
+in a fixed number of queries whatever the number of pools. The at-risk reads
+count and list the live reservations BookingRepair marked (`reservations.repair`),
+through the partial index `reservation_at_risk`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, DateTimeField, Func, IntegerField, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
+from django.db.models.functions import Coalesce
 
 from inventory.access import visible_pools
 from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup
+from reservations.models import Reservation
 
 OTHER_GPU_MODEL = "other"
 # What `byGpuModel` adds up, from each pool's `gpu` row only.
@@ -71,3 +75,56 @@ def capacity_summary(*, tenant_id: str) -> dict[str, Any]:
             }
         )
     return {"tenantId": tenant_id, "pools": out_pools, "byGpuModel": dict(sorted(by_model.items()))}
+
+
+def _at_risk(queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
+    """Live reservations marked at risk (a mark left on an ended one until the next repair run is not)."""
+    now = Func(function="compute_now", output_field=DateTimeField())
+    return queryset.filter(at_risk_since__isnull=False, state__in=("scheduled", "active"), ends_at__gt=now)
+
+
+def pool_at_risk_count(*, pool_id: str) -> int:
+    """How many live reservations of the pool are at risk, every tenant's (a count, never ids)."""
+    return _at_risk(Reservation.objects.filter(pool_id=pool_id)).count()
+
+
+def pool_capacity(*, pool_id: str) -> dict[str, Any]:
+    """`capacity/byPool`'s answer: the pool's rollup rows and its at-risk count, in one query.
+
+    The count rides on the rows' query as an uncorrelated subquery (computed
+    once); only a pool without rollup rows yet costs a second query.
+    """
+    count = (
+        _at_risk(Reservation.objects.filter(pool_id=pool_id))
+        .order_by()
+        .values("pool_id")
+        .annotate(c=Count("id"))
+        .values("c")
+    )
+    queryset = (
+        PoolCapacityRollup.objects.filter(pool_id=pool_id)
+        .order_by("resource")
+        .annotate(updated_ms=_UPDATED_MS, at_risk=Coalesce(Subquery(count, output_field=IntegerField()), 0))
+    )
+    rows: list[dict[str, Any]] = []
+    counted: int | None = None
+    for *values, at_risk in queryset.values_list(*_ROW_FIELDS, "updated_ms", "at_risk"):
+        rows.append(dict(zip(_ROW_KEYS, values, strict=True)))
+        counted = at_risk
+    if counted is None:
+        counted = pool_at_risk_count(pool_id=pool_id)
+    return {"poolId": pool_id, "rows": rows, "atRiskReservations": int(counted)}
+
+
+def at_risk_reservations(
+    *, pool_id: str | None = None, node_id: str | None = None, limit: int = 100
+) -> list[Reservation]:
+    """The pool's (or the node's) live at-risk reservations, longest at risk first, for the operators."""
+    queryset = Reservation.objects.all()
+    if pool_id is not None:
+        queryset = queryset.filter(pool_id=pool_id)
+    if node_id is not None:
+        queryset = queryset.filter(
+            pk__in=Reservation.objects.filter(allocations__node_id=node_id).values("pk")
+        )
+    return list(_at_risk(queryset).order_by("at_risk_since", "id")[:limit])

@@ -3,11 +3,14 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.api import api_not_found, api_read_only
-from core.views import healthz, landing
+from core.views import admin_index, healthz, landing
 
 urlpatterns = [
     path("", landing, name="landing"),
     path("healthz", healthz, name="healthz"),
+    # The admin's index, with the worker's status (its lag per job) above the apps;
+    # every other admin page is the admin's own.
+    path("admin/", admin.site.admin_view(admin_index), name="admin-index"),
     path("admin/", admin.site.urls),
     path("api/compute/", include("capacity.api.urls")),
     path("api/compute/", include("reservations.api.urls")),

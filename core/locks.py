@@ -7,6 +7,14 @@ never reuse a key for another job.
 from __future__ import annotations
 
 ADVISORY_LOCK_KEYS: dict[str, int] = {
-    # capacity.reconciler: only one replica rebuilds rollups (and runs its hooks) at a time.
+    # capacity.reconciler's one-off pass, and the worker's periodic rebuild: one rebuild at a time.
     "rollup-reconciler": 7_301_001,
+    # The worker's jobs (capacity.worker): several workers may run, each job runs in one at a time.
+    "worker:lease-expire": 7_301_011,
+    "worker:reservation-settle": 7_301_012,
+    "worker:bookings-advance": 7_301_013,
+    "worker:nodes-stale": 7_301_014,
+    "worker:bookings-repair": 7_301_015,
+    "worker:outbox-deliver": 7_301_016,
+    "worker:rate-windows-prune": 7_301_017,
 }

@@ -1,10 +1,17 @@
-"""The two pages outside the admin and the API: the landing page and the health check."""
+"""The pages outside the API: the landing page, the health check, the admin's index with the worker."""
 
 from __future__ import annotations
 
-from django.db import DatabaseError, connection
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.template.response import TemplateResponse
+
+from core.worker_status import JobStatus, WorkerStatus, worker_status
 
 
 def landing(request: HttpRequest) -> HttpResponse:
@@ -12,17 +19,57 @@ def landing(request: HttpRequest) -> HttpResponse:
     return render(request, "core/landing.html")
 
 
-def healthz(request: HttpRequest) -> JsonResponse:
-    """200 when the service can answer (its database replies), else 503 with the reason.
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
 
-    For load balancers and `make run`'s users; it reads no tenant data.
+
+def _job_json(job: JobStatus) -> dict[str, Any]:
+    return {
+        "lastOk": _iso(job.last_ok_at),
+        "lastRun": _iso(job.last_finished_at),
+        "running": job.running,
+        "seconds": round(job.seconds, 3),
+        "count": job.count,
+        "lag": round(job.lag, 1) if job.lag is not None else None,
+        "behind": job.behind,
+        "lastError": job.error,
+    }
+
+
+def _worker_json(status: WorkerStatus) -> dict[str, Any]:
+    return {
+        "lastPass": _iso(status.last_pass_at),
+        "passAge": round(status.pass_age, 1) if status.pass_age is not None else None,
+        "holder": status.holder,
+        "jobs": {job.name: _job_json(job) for job in status.jobs},
+    }
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    """200 when the service can answer AND keeps its ledger true over time, else 503 with the reason.
+
+    503 when the database does not reply, or when the worker is behind: no
+    worker has ever run, its last pass is older than the max sleep plus
+    `CAPACITY_WORKER_LAG_SECONDS`, or a job has failed (or run) for longer than
+    that (the rules: `core.worker_status`). The answer carries each job's last
+    success and lag. It reads no tenant data.
     """
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT compute_now()")
-            cursor.fetchone()
+        status = worker_status()
     except DatabaseError as error:
         return JsonResponse(
             {"status": "unavailable", "reason": f"database: {error.__class__.__name__}"}, status=503
         )
-    return JsonResponse({"status": "ok"})
+    worker = _worker_json(status)
+    if not status.healthy:
+        return JsonResponse({"status": "unavailable", "reason": status.reason, "worker": worker}, status=503)
+    return JsonResponse({"status": "ok", "worker": worker})
+
+
+def admin_index(request: HttpRequest) -> TemplateResponse:
+    """The admin's index with the worker's last pass and each job's lag above the apps (red when behind)."""
+    try:
+        status: WorkerStatus | None = worker_status()
+    except DatabaseError:
+        status = None
+    return admin.site.index(request, extra_context={"worker": status, "worker_checked": True})

@@ -13,9 +13,11 @@ from django.db import transaction
 
 from core.services import tenants_upsert
 from fleets.spec import BATCH_NODES, NodeSpec, PoolSpec, Progress, fleet_parse
+from inventory.models import Node
 from inventory.registration import NodeDeclaration, nodes_register, offering_ensure, pool_register
 from ledger.quota import quota_limit_set
 from reservations.layouts import node_reports_apply
+from reservations.node_events import nodes_changing
 
 
 def fleet_load(
@@ -64,27 +66,37 @@ def _load_nodes(
     done = 0
     for start in range(0, len(nodes), BATCH_NODES):
         batch = nodes[start : start + BATCH_NODES]
-        by_host = nodes_register(
-            nodes=[
-                NodeDeclaration(
-                    hostname=spec.hostname,
-                    pool_id=pool_ids[spec.pool],
-                    fields=spec.fields,
-                    taints=spec.taints,
-                )
-                for spec in batch
-            ],
-            actor=actor,
-        )
-        node_reports_apply(
-            items=[(by_host[s.hostname], s.report) for s in batch if s.report is not None],
-            actor=actor,
-            ratios={by_host[s.hostname].pk: s.ratios for s in batch},
-            connect=False,
-        )
+        # A reload that cordons, moves or disconnects a known node moves its
+        # rollup counts in the same transaction, as an operator's action does;
+        # new nodes are counted by the reports that bring their devices.
+        existing = Node.objects.filter(hostname__in=[s.hostname for s in batch]).values_list("pk", flat=True)
+        with nodes_changing(list(existing)):
+            by_host = _load_batch(batch, pool_ids, actor=actor)
         for spec in batch:
             node_ids[spec.hostname] = by_host[spec.hostname].pk
         done += len(batch)
         if progress is not None:
             progress(done, len(nodes))
     return node_ids
+
+
+def _load_batch(batch: list[NodeSpec], pool_ids: dict[str, str], *, actor: str) -> dict[str, Node]:
+    by_host = nodes_register(
+        nodes=[
+            NodeDeclaration(
+                hostname=spec.hostname,
+                pool_id=pool_ids[spec.pool],
+                fields=spec.fields,
+                taints=spec.taints,
+            )
+            for spec in batch
+        ],
+        actor=actor,
+    )
+    node_reports_apply(
+        items=[(by_host[s.hostname], s.report) for s in batch if s.report is not None],
+        actor=actor,
+        ratios={by_host[s.hostname].pk: s.ratios for s in batch},
+        connect=False,
+    )
+    return by_host

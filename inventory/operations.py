@@ -1,4 +1,4 @@
-"""Operator actions on nodes and devices: cordon, taint, maintenance and device health.
+"""Operator actions on nodes and devices: cordon, taint, maintenance, connectivity and device health.
 
 Each runs in one transaction and writes the node (or device) row, because that
 row is what the placer locks `FOR SHARE` under the schedulability predicate
@@ -7,11 +7,15 @@ the first. None of them cancels existing bookings; they stop new placements.
 Each real change writes an `AuditEvent`; repeating an action that is already in
 effect changes nothing and writes nothing (the caller can compare the node it
 passed with the one it gets back).
+
+These are the inventory halves. Callers go through `reservations.node_events`,
+which runs each inside the same transaction as the rollup deltas it causes.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
 from django.db import transaction
 from django.db.models import Func, Q
@@ -19,6 +23,7 @@ from django.db.models.functions import Now
 
 from core.errors import InvalidInput
 from core.services import audit_record
+from inventory.choices import Connectivity
 from inventory.models import Device, Node, Taint, TaintEffect
 
 # Kubernetes-style keys (`gpu.example.com/xid-79`), so operators can reuse their names.
@@ -47,7 +52,7 @@ def _reload(node: Node) -> Node:
 
 
 def node_cordon(*, node: Node, reason: str, actor: str) -> Node:
-    """Stop new placements on the node; its GPUs move to the `maintenance` bucket at the next rebuild."""
+    """Stop new placements on the node; its atoms belong to the `maintenance` bucket."""
     if not reason.strip():
         raise InvalidInput.field("reason", "a cordon needs a reason")
     with transaction.atomic():
@@ -87,6 +92,29 @@ def node_set_maintenance(*, node: Node, on: bool, reason: str, actor: str) -> No
         )
         if changed:
             action = "node.maintenance.on" if on else "node.maintenance.off"
+            _node_audit(node, actor=actor, action=action, reason=reason)
+    return _reload(node)
+
+
+def node_set_connectivity(
+    *, node: Node, connected: bool, actor: str, reason: str, heartbeat_before: datetime | None = None
+) -> Node:
+    """Mark the node `connected` or `disconnected` (liveness, or an operator); audited when it changes.
+
+    With `heartbeat_before`, a disconnect happens only while the node's last
+    report is older than it (or it never reported): the guarded UPDATE then
+    loses to a report that committed first, so a live node is not flapped.
+    """
+    target = Connectivity.CONNECTED if connected else Connectivity.DISCONNECTED
+    with transaction.atomic():
+        guarded = Node.objects.filter(pk=node.pk).exclude(connectivity=target)
+        if not connected and heartbeat_before is not None:
+            guarded = guarded.filter(
+                Q(last_heartbeat_at__isnull=True) | Q(last_heartbeat_at__lt=heartbeat_before)
+            )
+        changed = guarded.update(connectivity=target, updated_at=Now())
+        if changed:
+            action = "node.connected" if connected else "node.disconnected"
             _node_audit(node, actor=actor, action=action, reason=reason)
     return _reload(node)
 

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Func
 
 from core.errors import InvalidInput
-from inventory.models import Connectivity, Node, Offering, Pool, Taint, TaintEffect
+from inventory.models import Node, Offering, Pool, Taint, TaintEffect
 
 # What registration (a fleet file, `node_register`) may set on a node; the
 # rest is written by node reports and the operator services.
@@ -82,8 +82,9 @@ class NodeDeclaration:
 def nodes_register(*, nodes: list[NodeDeclaration], actor: str) -> dict[str, Node]:
     """Upsert a batch of nodes by hostname with their taints; return them by hostname.
 
-    Cordon time is stamped when a node becomes cordoned here; a connected node
-    gets a heartbeat (a fleet file that says so is the proof of life it has).
+    Cordon time is stamped when a node becomes cordoned here. No heartbeat is
+    stamped: only a node's own report is proof of life, so liveness never
+    watches (and never disconnects) a node that has not reported.
     The node's `noschedule_taints` counter is set from the declared taints in
     the same statement as the node, so the placer's predicate sees them at once.
     """
@@ -112,9 +113,6 @@ def nodes_register(*, nodes: list[NodeDeclaration], actor: str) -> dict[str, Nod
     )
     Node.objects.filter(hostname__in=hosts, cordoned=False, cordoned_at__isnull=False).update(
         cordoned_at=None
-    )
-    Node.objects.filter(hostname__in=hosts, connectivity=Connectivity.CONNECTED).update(
-        last_heartbeat_at=_compute_now()
     )
     _taints_replace(nodes, by_host, actor=actor)
     return by_host

@@ -21,7 +21,7 @@ from django.db import connection, transaction
 
 from core.errors import Conflict, InvalidInput, NotFound
 from core.services import audit_record
-from inventory.choices import SLOT_SHARING
+from inventory.choices import SLOT_SHARING, Connectivity
 from inventory.models import DeviceClass, Node, Pool
 from inventory.reports import SCALARS, GpuReport, NodeReport
 
@@ -212,8 +212,12 @@ def inventory_apply_reports(
     Runs in the caller's transaction (opening one if there is none). `ratios` maps a
     node id to overcommit ratios per scalar (the fleet loader's); without it each
     scalar keeps its ratio. With `connect`, each node is marked `connected` with a
-    heartbeat at `compute_now()` (a report is proof of life); the fleet loader sets
+    heartbeat at `compute_now()` (a report is proof of life, and a node that was
+    `disconnected` is audited as `node.connected`); the fleet loader sets
     connectivity itself. Raises `InvalidInput` or `Conflict` with nothing applied.
+
+    The rollups are the caller's too: `reservations.layouts.node_reports_apply`
+    runs this inside `reservations.node_events.nodes_changing`.
     """
     items = list(items)
     if not items:
@@ -323,6 +327,17 @@ def inventory_apply_reports(
                     """,
                     [ids],
                 )
+            # A report is proof of life: a node liveness had disconnected is back, on the record.
+            for pk in ids:
+                if locked[pk].connectivity == Connectivity.DISCONNECTED:
+                    audit_record(
+                        actor=actor,
+                        action="node.connected",
+                        subject_type="node",
+                        subject_id=pk,
+                        reason="the node reported",
+                        data={"hostname": locked[pk].hostname},
+                    )
         logger.debug("applied %d reports for %s (%d devices vanished)", len(items), actor, len(gone))
         return ReportsApplied(layout_changes=layout_changes)
 

@@ -1,28 +1,33 @@
 """Pool capacity rollups: the rows capacity reads, their deltas and their rebuild's writes.
 
-Only this module writes `pool_capacity_rollup`. The booking transaction applies
-deltas (`rollup_apply_deltas`); the reconciler (`capacity.rollups`) recounts
-from nodes, devices and bookings and stores the counts here with
-`rollup_rows_lock` and `rollup_rows_store`, in one transaction.
+Only this module writes `pool_capacity_rollup`. The booking transactions apply
+deltas of `allocated` and `reserved` (`rollup_apply_deltas`); node and device
+changes, and bookings changing phase, apply deltas of any count
+(`rollup_apply_count_deltas`); the rebuild (`capacity.rollups`) recounts from
+nodes, devices and bookings and stores the counts here with `rollup_rows_lock`
+and `rollup_rows_store`, in one transaction. Every writer takes a pool's rows
+in the rebuild's order (pool, then resource, by code point), so any two of
+them queue behind each other instead of deadlocking.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from django.db import connection
 
 from inventory.choices import ALL_RESOURCES
+from inventory.schedulability import EXCLUDED, bucket_sql
 
 
 def rollup_apply_delta(*, pool_id: str, resource: str, allocated: int = 0, reserved: int = 0) -> None:
     """Add a placement's (or subtract a release's) atoms, inside the caller's transaction.
 
-    `allocated` counts bookings that have started, `reserved` those that start
-    later. Counts never go below zero: a booking that started after the last
-    rebuild sits in `reserved` until the next one, and its release may subtract
-    from `allocated`; the rebuild corrects that drift.
+    `allocated` counts RUNNING bookings, `reserved` FUTURE ones (their phase).
+    Counts never go below zero (a floor, not a rule the callers lean on: their
+    deltas follow the phases the rebuild counts).
 
     Scalars (`vcpu`, ...) go to `allocated` only, as the rebuild counts them.
     A caller touching several resources of one pool should use
@@ -175,7 +180,100 @@ DELETE FROM pool_capacity_rollup old
 
 def rollup_rows_store(*, pool_ids: list[str], rows: list[dict[str, Any]]) -> None:
     """Replace the locked pools' rows with recounted ones: `{pool_id, resource, <ROLLUP_STORED_COUNTS>}`."""
-    import json
-
     with connection.cursor() as cursor:
         cursor.execute(_STORE_ROWS_SQL, {"pools": pool_ids, "rows": json.dumps(rows)})
+
+
+# All pools' count deltas in one upsert. The rows are taken in the rebuild's
+# (pool, resource) order, as `_APPLY_DELTAS_SQL` does. A new row gets the
+# deltas as its counts; an existing row adds them (each count floored at 0),
+# and `total` is the sum of allocatable and the four buckets either way.
+_APPLY_COUNT_DELTAS_SQL = """
+WITH d AS (
+    SELECT * FROM json_to_recordset(%(rows)s::json)
+        AS d(pool_id text, resource text, allocatable bigint, allocated bigint, reserved bigint,
+             provisioning bigint, unhealthy bigint, maintenance bigint, unreachable bigint)
+),
+fresh AS (
+    SELECT d.pool_id, d.resource, GREATEST(0, d.allocatable) AS allocatable,
+           GREATEST(0, d.allocated) AS allocated, GREATEST(0, d.reserved) AS reserved,
+           GREATEST(0, d.provisioning) AS provisioning, GREATEST(0, d.unhealthy) AS unhealthy,
+           GREATEST(0, d.maintenance) AS maintenance, GREATEST(0, d.unreachable) AS unreachable
+      FROM d
+)
+INSERT INTO pool_capacity_rollup AS r (pool_id, resource, total, allocatable, allocated, reserved,
+    provisioning, unhealthy, maintenance, unreachable, updated_at)
+SELECT f.pool_id, f.resource,
+       f.allocatable + f.provisioning + f.unhealthy + f.maintenance + f.unreachable,
+       f.allocatable, f.allocated, f.reserved, f.provisioning, f.unhealthy, f.maintenance, f.unreachable,
+       compute_now()
+  FROM fresh f
+ ORDER BY f.pool_id COLLATE "C", f.resource COLLATE "C"
+ON CONFLICT (pool_id, resource) DO UPDATE
+   SET (total, allocatable, allocated, reserved, provisioning, unhealthy, maintenance, unreachable,
+        updated_at) = (
+       SELECT m.allocatable + m.provisioning + m.unhealthy + m.maintenance + m.unreachable,
+              m.allocatable, m.allocated, m.reserved, m.provisioning, m.unhealthy, m.maintenance,
+              m.unreachable, compute_now()
+         FROM (SELECT GREATEST(0, r.allocatable + d.allocatable) AS allocatable,
+                      GREATEST(0, r.allocated + d.allocated) AS allocated,
+                      GREATEST(0, r.reserved + d.reserved) AS reserved,
+                      GREATEST(0, r.provisioning + d.provisioning) AS provisioning,
+                      GREATEST(0, r.unhealthy + d.unhealthy) AS unhealthy,
+                      GREATEST(0, r.maintenance + d.maintenance) AS maintenance,
+                      GREATEST(0, r.unreachable + d.unreachable) AS unreachable
+                 FROM d WHERE d.pool_id = r.pool_id AND d.resource = r.resource) m
+   )
+"""
+
+
+def rollup_apply_count_deltas(*, deltas: Mapping[tuple[str, str], Mapping[str, int]]) -> None:
+    """Add `{(pool_id, resource): {count: delta}}` to the rows, creating rows as needed; one statement.
+
+    For changes that move atoms or scalars between the counts (a cordon, a
+    health flip, a report, a booking starting or ending): any of
+    `ROLLUP_STORED_COUNTS` may move, and `total` stays the sum of
+    `allocatable` and the four buckets, as the rebuild writes it. A key with
+    no non-zero delta still makes sure its row exists (the rebuild keeps a row
+    for every resource a pool has, even when all its counts are zero).
+    Counts never go below zero. Runs in the caller's transaction.
+    """
+    if not deltas:
+        return
+    rows = [
+        {"pool_id": pool_id, "resource": resource, **{c: int(moved.get(c, 0)) for c in ROLLUP_STORED_COUNTS}}
+        for (pool_id, resource), moved in sorted(deltas.items())
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_APPLY_COUNT_DELTAS_SQL, {"rows": json.dumps(rows)})
+
+
+_DROP_UNUSED_SQL = f"""
+DELETE FROM pool_capacity_rollup r
+ WHERE r.pool_id = %(pool)s AND r.resource = ANY(%(resources)s::varchar[]) AND r.resource <> 'gpu'
+   AND r.total = 0 AND r.allocated = 0 AND r.reserved = 0
+   AND NOT EXISTS (
+       SELECT 1 FROM inventory_device d
+         JOIN inventory_node n ON n.id = d.node_id
+         JOIN inventory_pool p ON p.id = n.pool_id
+        WHERE n.pool_id = r.pool_id AND d.device_class = r.resource AND d.bookable
+          AND {bucket_sql("n", "p.owner_id")} <> '{EXCLUDED}')
+   AND NOT EXISTS (
+       SELECT 1 FROM inventory_noderesource nr
+         JOIN inventory_node n ON n.id = nr.node_id
+         JOIN inventory_pool p ON p.id = n.pool_id
+        WHERE n.pool_id = r.pool_id AND nr.resource = r.resource
+          AND {bucket_sql("n", "p.owner_id")} <> '{EXCLUDED}')
+"""
+
+
+def rollup_rows_drop_unused(*, pool_id: str, resources: list[str]) -> None:
+    """Drop the pool's rows of these resources when nothing of them is left in it, as a rebuild would.
+
+    For a change that removed the last devices (or scalar rows) of a resource
+    from a pool, or made their node excluded; the `gpu` row always stays.
+    """
+    if not resources:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(_DROP_UNUSED_SQL, {"pool": pool_id, "resources": sorted(resources)})

@@ -5,6 +5,11 @@ the GPUs whose layout changed; this module books their atoms for the change
 window in the same transaction, or refuses the whole report when one of the
 old atoms carries a live or future booking. It is the one entry point for
 applying reports: the `inventory/report` method, the fleet loader and tests.
+
+All of it runs inside `reservations.node_events.nodes_changing`: new
+inventory, vanished devices, scalar and health changes, a reconnect and the
+layout-change bookings (RUNNING bookings on counted atoms) move the rollups in
+the same transaction, and a report that adds capacity wakes waiting creates.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from core.errors import Conflict
 from inventory.models import Device, Node
 from inventory.reports import NodeReport, report_parse
 from inventory.services import LayoutChange, inventory_apply_reports, layout_window_seconds
+from reservations.node_events import nodes_changing
 
 
 def _book_layout_change(device_ids: list[int], *, open_ended: bool) -> set[int]:
@@ -93,8 +99,14 @@ def node_reports_apply(
     ratios: dict[str, dict[str, float]] | None = None,
     connect: bool = True,
 ) -> None:
-    """Apply parsed reports for several nodes in one transaction, layout bookings included."""
-    with transaction.atomic():
+    """Apply parsed reports for several nodes in one transaction, layout bookings and rollups included.
+
+    The nodes' rollup contributions are counted once before and once after the
+    whole batch (two statements, whatever its size), so the fleet loader's
+    thousands of reports stay cheap.
+    """
+    items = list(items)
+    with transaction.atomic(), nodes_changing(node.pk for node, _ in items):
         applied = inventory_apply_reports(items=items, actor=actor, ratios=ratios, connect=connect)
         layout_changes_book(changes=applied.layout_changes)
 

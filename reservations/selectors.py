@@ -188,12 +188,13 @@ def reservation_payload(
     notice = None
     if reservation.notice_at is not None:
         notice = {"at": to_millis(reservation.notice_at), "endsAt": to_millis(reservation.notice_ends_at)}
+    state = state or reservation_state(reservation)
     return {
         "id": reservation.id,
         "tenantId": reservation.tenant_id,
         "poolId": reservation.pool_id,
         "projectId": reservation.project_id,
-        "state": state or reservation_state(reservation),
+        "state": state,
         "spot": reservation.spot,
         "binding": reservation.binding,
         "start": to_millis(reservation.starts_at),
@@ -203,7 +204,21 @@ def reservation_payload(
         "createdAt": to_millis(reservation.created_at),
         "allocations": allocations,
         "notice": notice,
+        "atRisk": reservation_at_risk(reservation, state=state),
     }
+
+
+def reservation_at_risk(reservation: Reservation, *, state: str) -> dict[str, Any] | None:
+    """`{reason, since}` while a live reservation is marked at risk by BookingRepair, else None.
+
+    The mark outlives the reservation until the next repair run clears it; a
+    reservation that ended or was released is not at risk of anything.
+    """
+    from core.clock import to_millis
+
+    if reservation.at_risk_since is None or state not in ("scheduled", "active"):
+        return None
+    return {"reason": reservation.at_risk_reason, "since": to_millis(reservation.at_risk_since)}
 
 
 def _spot_reservations_displaced(*, device_ids: list[int], start: datetime, end: datetime) -> int:

@@ -6,9 +6,20 @@ charge and the rollup deltas. What talks to the outside (the node daemon,
 waiting clients) runs after commit.
 
 Waiting (`wait.timeoutMs`): a create that does not fit LISTENs on
-`capacity_released` and retries when a release in its pool commits (every
-release sends `pg_notify` inside its transaction, delivered at commit), until
-the timeout. There is no sleep loop.
+`capacity_released` and retries when capacity in its pool frees up (a release,
+a lease expiry or a settlement sends `pg_notify` inside its transaction,
+delivered at commit), until the timeout. There is no sleep loop.
+
+The nodes hear of a change through the outbox (`reservations.outbox`): the
+create's INSERT and the release's UPDATE write the delivery row in the same
+statement, and the worker is woken on its channel (`WORKER_CHANNEL`) by every
+write that brings one of its deadlines closer: a create (its end, a lease, a
+start, the delivery's retry), a renew, a delivery that failed.
+
+The time-driven services (`lease_expire_due`, `reservation_settle_ended`) take
+one reservation per transaction, `FOR UPDATE SKIP LOCKED`, so several workers
+share the work and none waits on a row another holds; the worker sleeps until
+`reservations_next_deadline()`.
 """
 
 from __future__ import annotations
@@ -18,24 +29,30 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from core.clock import compute_now
-from core.constants import DEADLOCK_DETECTED
+from core.constants import DEADLOCK_DETECTED, WORKER_CHANNEL
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
 from core.services import audit_record
 from inventory.models import Pool
 from reservations.daemon import daemon_behind, daemon_deliver, daemon_shorten
-from reservations.models import Reservation
+from reservations.models import DeliveryKind, Reservation
+from reservations.outbox import (
+    delivery_enqueue,
+    delivery_params,
+    enqueue_sql,
+    outbox_deliver_due,
+    outbox_deliver_reservation,
+)
 from reservations.placer.commit import placement_charge, placement_commit, reservation_cut
 from reservations.placer.plan import placement_window
 from reservations.request import canonical_request_digest
 from reservations.request_types import ReservationRequest
 from reservations.validation import reservation_request_check
-from reservations.waits import LISTENER, notify_release, wait_for_release, wait_slot
+from reservations.waits import LISTENER, RELEASE_CHANNEL, wait_for_release, wait_slot
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +80,28 @@ def _existing(request: ReservationRequest) -> Reservation | None:
     ).first()
 
 
-_INSERT_RESERVATION_SQL = """
-INSERT INTO reservations_reservation (id, tenant_id, pool_id, project_id, request, request_digest,
-    idempotency_key, spot, binding, starts_at, ends_at, state, lease_seconds, lease_expires_at,
-    release_reason, created_at)
-VALUES (%(id)s, %(tenant_id)s, %(pool_id)s, %(project_id)s, %(request)s::jsonb, %(request_digest)s,
-    %(idempotency_key)s, %(spot)s, %(binding)s, %(starts_at)s, %(ends_at)s, %(state)s, %(lease_seconds)s,
-    %(lease_expires_at)s, '', compute_now())
-ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-RETURNING created_at
+# The reservation's INSERT also writes its "assign" outbox row and wakes the worker
+# with its nearest new deadline (a lease, the start, the end, or the delivery's
+# retry), all in one statement. When the idempotency key is taken (ON CONFLICT DO
+# NOTHING), `r` is empty: no row, no delivery, no notification.
+_INSERT_RESERVATION_SQL = f"""
+WITH r AS (
+    INSERT INTO reservations_reservation (id, tenant_id, pool_id, project_id, request, request_digest,
+        idempotency_key, spot, binding, starts_at, ends_at, state, lease_seconds, lease_expires_at,
+        release_reason, at_risk_reason, created_at)
+    VALUES (%(id)s, %(tenant_id)s, %(pool_id)s, %(project_id)s, %(request)s::jsonb, %(request_digest)s,
+        %(idempotency_key)s, %(spot)s, %(binding)s, %(starts_at)s, %(ends_at)s, %(state)s, %(lease_seconds)s,
+        %(lease_expires_at)s, '', '', compute_now())
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING id, created_at, starts_at, ends_at, lease_expires_at
+), delivery AS (
+    {enqueue_sql(source="r", kind=DeliveryKind.ASSIGN)}
+)
+SELECT r.created_at,
+       pg_notify(%(worker_channel)s, to_json(LEAST(
+           r.lease_expires_at, r.ends_at, CASE WHEN r.starts_at > r.created_at THEN r.starts_at END,
+           delivery.next_attempt_at)) #>> '{{}}')
+  FROM r, delivery
 """
 
 
@@ -91,6 +121,8 @@ def _insert_params(reservation: Reservation) -> dict[str, Any]:
         "state": reservation.state,
         "lease_seconds": reservation.lease_seconds,
         "lease_expires_at": reservation.lease_expires_at,
+        "worker_channel": WORKER_CHANNEL,
+        **delivery_params(),
     }
 
 
@@ -165,17 +197,15 @@ def _create_once(*, request: ReservationRequest, digest: str, actor: str, pool: 
             for allocation, member in sorted(placement.allocations, key=lambda taken: taken[0].id)
         ]
         reservation_id = reservation.id
-        displaced = list(placement.displaced_reservations)
+        # Spot reservations cut to make room hear of it first (their rows' on-commit
+        # deliveries are registered before this one's).
+        for spot_id in placement.displaced_reservations:
+            delivery_enqueue(reservation_id=spot_id, kind=DeliveryKind.SHORTEN)
 
         def deliver() -> None:
-            # The booking is committed; a node that cannot be told now is
-            # reconciled later, it must not turn a made reservation into an error.
-            try:
-                for spot_id in displaced:
-                    daemon_shorten(reservation_id=spot_id)
-                reservation_deliver(reservation_id=reservation_id)
-            except Exception:
-                logger.exception("delivering reservation %s to its nodes failed", reservation_id)
+            # The booking is committed; a node that cannot be told now is told by the
+            # worker from the outbox: it must not turn a made reservation into an error.
+            outbox_deliver_reservation(reservation_id=reservation_id)
 
         transaction.on_commit(deliver)
     return ReservationCreated(reservation=reservation, created=True, allocations=allocations)
@@ -255,6 +285,21 @@ def reservation_release(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+_RELEASE_SQL = f"""
+WITH released AS (
+    UPDATE reservations_reservation
+       SET state = 'released', released_at = %(released_at)s, release_reason = %(reason)s
+     WHERE id = %(id)s
+    RETURNING id, pool_id
+), delivery AS (
+    {enqueue_sql(source="released", kind=DeliveryKind.SHORTEN)}
+)
+SELECT pg_notify(%(release_channel)s, released.pool_id),
+       pg_notify(%(worker_channel)s, to_json(delivery.next_attempt_at) #>> '{{}}')
+  FROM released, delivery
+"""
+
+
 def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: str | None) -> Reservation:
     from reservations.selectors import reservation_lock, reservation_state
 
@@ -275,9 +320,22 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
         locked.derived_state = "released"  # type: ignore[attr-defined]
         locked.released_at = now
         locked.release_reason = reason or f"released by {actor}"
-        locked.save(update_fields=["state", "released_at", "release_reason"])
+        # One statement: the row, its "shorten" outbox row, and the notifications sent
+        # at commit (creates waiting on this pool; the worker, of the delivery's retry).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _RELEASE_SQL,
+                {
+                    "id": locked.pk,
+                    "released_at": now,
+                    "reason": locked.release_reason,
+                    "release_channel": RELEASE_CHANNEL,
+                    "worker_channel": WORKER_CHANNEL,
+                    **delivery_params(),
+                },
+            )
         # Whoever released it (a tenant through the API, an operator in the admin, the
-        # lease reconciler, a node's refusal), the trail records it with the release.
+        # lease expiry, a node's refusal), the trail records it with the release.
         audit_record(
             actor=actor,
             action="reservation.release",
@@ -286,14 +344,8 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
             reason=locked.release_reason,
             data={"tenantId": locked.tenant_id, "poolId": locked.pool_id},
         )
-        # Delivered when this transaction commits, to creates waiting on this pool.
-        notify_release(pool_id=locked.pool_id)
         released_id = locked.pk
-
-        def tell_daemon() -> None:
-            daemon_shorten(reservation_id=released_id)
-
-        transaction.on_commit(tell_daemon)
+        transaction.on_commit(lambda: outbox_deliver_reservation(reservation_id=released_id))
     return locked
 
 
@@ -312,80 +364,176 @@ def reservation_renew(*, reservation: Reservation, actor: str) -> Reservation:
             raise Conflict(
                 f"a {state} reservation cannot be renewed", [{"field": "reservationId", "message": state}]
             )
-        now = compute_now()
-        locked.lease_expires_at = now + timedelta(seconds=locked.lease_seconds)
-        locked.save(update_fields=["lease_expires_at"])
+        # The new deadline, and the worker woken to sleep until it, in one statement.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE reservations_reservation"
+                " SET lease_expires_at = compute_now() + make_interval(secs => lease_seconds)"
+                " WHERE id = %s RETURNING lease_expires_at,"
+                " pg_notify(%s, to_json(lease_expires_at) #>> '{}')",
+                [locked.pk, WORKER_CHANNEL],
+            )
+            row = cursor.fetchone()
+        assert row is not None
+        locked.lease_expires_at = row[0]
     return locked
 
 
-def lease_expire_due(*, limit: int = 500) -> int:
-    """Release live reservations whose lease passed unrenewed; return how many (a reconciler hook)."""
-    released = 0
-    while True:
-        with transaction.atomic():
-            # SKIP LOCKED: a replica (or a release) already working on a row is
-            # left alone, so two reconcilers never release the same lease twice.
-            due = list(
-                Reservation.objects.select_for_update(skip_locked=True)
-                .filter(
-                    state__in=["scheduled", "active"],
-                    lease_expires_at__isnull=False,
-                    lease_expires_at__lte=_now_expr(),
+def _one_at_a_time(*, pick_sql: str, act: Any, limit: int) -> int:
+    """Run `act(row)` on each row `pick_sql` picks, one per transaction; return how many were done.
+
+    `pick_sql` locks one row `FOR UPDATE SKIP LOCKED` (a row another worker, a
+    release or a renew holds is left alone) and excludes the ids in its one
+    parameter, those already tried by this call, so a call always ends. A
+    transaction PostgreSQL chose as a deadlock victim (a release locks nodes and
+    scalar rows that a gang placement may hold) is tried again, a few times.
+    """
+    done = 0
+    tried: list[str] = []
+    failures: dict[str, int] = {}
+    while len(tried) < limit:
+        row = None
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(pick_sql, [tried])
+                    row = cursor.fetchone()
+                if row is None:
+                    return done
+                if act(row):
+                    done += 1
+                tried.append(row[0])
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED or row is None:
+                raise
+            failures[row[0]] = failures.get(row[0], 0) + 1
+            if failures[row[0]] >= RELEASE_ATTEMPTS:
+                logger.warning(
+                    "reservation %s lost %d deadlocks; left for the next run", row[0], RELEASE_ATTEMPTS
                 )
-                .order_by("lease_expires_at")[:limit]
-            )
-            for reservation in due:
-                reservation_release(reservation=reservation, actor="lease-reconciler", reason="lease expired")
-        released += len(due)
-        if len(due) < limit:
-            return released
+                tried.append(row[0])
+    return done
 
 
-def _now_expr() -> Any:
-    from django.db.models import DateTimeField, Func
+# A live lease whose deadline passed, before the reservation's end (a reservation that
+# reached its end is settled instead), earliest first through `reservation_lease_live`.
+_LEASE_DUE_SQL = """
+SELECT id FROM reservations_reservation
+ WHERE state IN ('scheduled', 'active') AND lease_expires_at IS NOT NULL
+   AND lease_expires_at <= compute_now() AND ends_at > compute_now() AND id <> ALL(%s)
+ ORDER BY lease_expires_at
+ LIMIT 1
+   FOR UPDATE SKIP LOCKED
+"""
 
-    return Func(function="compute_now", output_field=DateTimeField())
+
+def lease_expire_due(*, limit: int = 500) -> int:
+    """Release live reservations whose lease passed unrenewed; return how many (a worker job).
+
+    Each in its own transaction (a release locks the reservation's nodes and
+    scalar rows; several in one transaction could deadlock with node changes),
+    through the same release as the API's, so waiting creates of the pool wake
+    and the nodes are told.
+    """
+
+    def expire(row: tuple[Any, ...]) -> bool:
+        released = _release_once(
+            reservation_id=row[0], actor="lease-reconciler", reason="lease expired", tenant_id=None
+        )
+        return released.state == "released"
+
+    return _one_at_a_time(pick_sql=_LEASE_DUE_SQL, act=expire, limit=limit)
+
+
+# A live reservation that reached its end, earliest first through `reservation_live_ends`.
+_ENDED_DUE_SQL = """
+SELECT id, pool_id, tenant_id, ends_at, compute_now() FROM reservations_reservation
+ WHERE state IN ('scheduled', 'active') AND ends_at <= compute_now() AND id <> ALL(%s)
+ ORDER BY ends_at
+ LIMIT 1
+   FOR UPDATE SKIP LOCKED
+"""
+
+# The settled reservation's state, and the waiting creates of its pool woken at commit.
+_SETTLED_SQL = """
+WITH ended AS (UPDATE reservations_reservation SET state = 'ended' WHERE id = %s RETURNING pool_id)
+SELECT pg_notify(%s, pool_id) FROM ended
+"""
 
 
 def reservation_settle_ended(*, limit: int = 500) -> int:
     """Give back the scalars and quota of reservations that ran to their end; return how many.
 
-    Their bookings stay as they are (history); only the claims that were held
-    for the duration are returned, once (the allocations' `released` flag).
+    One reservation per transaction. Their bookings stay as they are
+    (history); only the claims held for the duration are returned, once (the
+    allocations' `released` flag), and the creates waiting on the pool wake:
+    the quota and the scalars given back may be what they wait for.
     """
-    settled = 0
-    while True:
-        with transaction.atomic():
-            now = compute_now()
-            due = list(
-                Reservation.objects.select_for_update(skip_locked=True)
-                .filter(state__in=["scheduled", "active"], ends_at__lte=_now_expr())
-                .order_by("ends_at")[:limit]
-            )
-            for reservation in due:
-                reservation_cut(reservation_id=reservation.pk, at=reservation.ends_at, now=now)
-            Reservation.objects.filter(pk__in=[r.pk for r in due]).update(state="ended")
-        settled += len(due)
-        if len(due) < limit:
-            return settled
+
+    def settle(row: tuple[Any, ...]) -> bool:
+        reservation_id, pool_id, tenant_id, ends_at, now = row
+        reservation_cut(
+            reservation_id=reservation_id, at=ends_at, now=now, pool_id=pool_id, tenant_id=tenant_id
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(_SETTLED_SQL, [reservation_id, RELEASE_CHANNEL])
+        return True
+
+    return _one_at_a_time(pick_sql=_ENDED_DUE_SQL, act=settle, limit=limit)
+
+
+def reservations_next_deadline() -> datetime | None:
+    """The earliest live lease expiry or live reservation end (the worker's schedule); None when none.
+
+    Two index probes (`reservation_lease_live`, `reservation_live_ends`) in one statement.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT LEAST("
+            " (SELECT min(lease_expires_at) FROM reservations_reservation"
+            "   WHERE state IN ('scheduled', 'active') AND lease_expires_at IS NOT NULL),"
+            " (SELECT min(ends_at) FROM reservations_reservation WHERE state IN ('scheduled', 'active')))"
+        )
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def delivery_send(*, reservation_id: str, kind: str) -> None:
+    """Tell the nodes one outbox row's news (the outbox calls this); raises when a node cannot be reached.
+
+    "assign" sends the reservation's assignments, releasing it if a node
+    refuses (guard 6); "shorten" brings the nodes' records in line with its
+    cut bookings.
+    """
+    if kind == DeliveryKind.ASSIGN:
+        reservation_deliver(reservation_id=reservation_id)
+    else:
+        daemon_shorten(reservation_id=reservation_id)
 
 
 def reservation_deliver(*, reservation_id: str) -> bool:
     """Tell the nodes about a committed reservation; release it if a node refuses (guard 6).
 
-    True if every node accepted.
+    True if every node accepted (or the reservation no longer runs, so there
+    is nothing to tell). The release writes its own "shorten" delivery, which
+    drops what the other nodes of a gang accepted.
     """
+    if not Reservation.objects.filter(pk=reservation_id, state__in=["scheduled", "active"]).exists():
+        return True
     refusal = daemon_deliver(reservation_id=reservation_id)
     if refusal is None:
         return True
     reservation = Reservation.objects.get(pk=reservation_id)
     reservation_release(reservation=reservation, actor="node", reason=f"AllocationFailed: {refusal}")
-    daemon_shorten(reservation_id=reservation_id)
     return False
 
 
 def reservations_redeliver(*, limit: int = 500) -> int:
-    """Catch the nodes up on live reservations they lack or hold uncut; return how many were behind."""
+    """Catch the nodes up on live reservations they lack or hold uncut; return how many were behind.
+
+    Not scheduled: the outbox delivers every change. This is the resync for a
+    node that lost its own record (reinstalled, restored from an old backup).
+    """
     behind = daemon_behind(limit=limit)
     for reservation_id in behind:
         daemon_shorten(reservation_id=reservation_id)
@@ -394,7 +542,7 @@ def reservations_redeliver(*, limit: int = 500) -> int:
 
 
 def reservations_reconcile() -> None:
-    """The reconciler's reservation work on each pass: due leases, ended reservations, lagging nodes."""
+    """The reservations' time-driven work in one pass: due leases, ended reservations, due deliveries."""
     lease_expire_due()
     reservation_settle_ended()
-    reservations_redeliver()
+    outbox_deliver_due()

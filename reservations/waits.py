@@ -1,7 +1,12 @@
 """Waiting for capacity (`wait.timeoutMs`) that costs no database connection and stays bounded.
 
-A create that does not fit may wait up to 30 s for a release in its pool. It
-must not hold a database connection while it waits (110 waiters once exhausted
+A create that does not fit may wait up to 30 s for capacity to free up in its
+pool: a release, a lease expiry, a settlement (quota and scalars given back),
+a booking's end, or a node change that adds capacity (uncordon, untaint,
+reconnect, health restored, new inventory). Each of those sends
+`notify_release(pool_id=...)` (or the same `pg_notify` folded into one of its
+statements) inside its transaction, delivered at commit. It must not hold a
+database connection while it waits (110 waiters once exhausted
 PostgreSQL's connections), and one tenant's waiters must not take every
 worker thread from the others. So:
 
@@ -194,6 +199,6 @@ def wait_for_release(*, event: threading.Event, seconds: float) -> None:
 
 
 def notify_release(*, pool_id: str) -> None:
-    """Inside the releasing transaction: waiters of this pool wake when it commits."""
+    """Inside a transaction that frees capacity in the pool: its waiters wake when it commits."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [RELEASE_CHANNEL, pool_id])

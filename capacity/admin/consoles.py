@@ -39,6 +39,7 @@ from capacity.node_selectors import (
     node_operator_state,
     node_scalars,
 )
+from capacity.selectors import at_risk_reservations, pool_at_risk_count
 from core.admin import OptionalReasonForm, ReasonForm, admin_actor, copyable_id, ops_page_context, plural
 from core.errors import DomainError
 from inventory.models import Device, Node, Pool, TaintEffect
@@ -245,6 +246,9 @@ class PoolAdmin(ConsoleAdmin):
             "can_operate": can_operate(request),
             "rebuild_url": reverse("admin:inventory_pool_rebuild", args=[quote(pool.pk)]),
             "nodes_url": reverse("admin:inventory_node_changelist") + f"?pool__id__exact={pool.pk}",
+            "at_risk_count": pool_at_risk_count(pool_id=pool.pk),
+            "at_risk": _at_risk_rows(at_risk_reservations(pool_id=pool.pk, limit=AT_RISK_SHOWN)),
+            "at_risk_shown": AT_RISK_SHOWN,
             **_timeline_context(request, pool),
         }
 
@@ -307,6 +311,21 @@ def _timeline_context(request: HttpRequest, pool: Pool) -> dict[str, Any]:
         "timeline": data,
         "timeline_error": error,
     }
+
+
+# At-risk reservations listed on a pool or node page; the pool page also shows the full count.
+AT_RISK_SHOWN = 50
+
+
+def _at_risk_rows(reservations: list[Any]) -> list[dict[str, Any]]:
+    """The at-risk reservations as the pages list them, each linked to its admin page."""
+    return [
+        {
+            "reservation": r,
+            "url": reverse("admin:reservations_reservation_change", args=[quote(r.pk)]),
+        }
+        for r in reservations
+    ]
 
 
 def _age(now: Any, then: Any) -> str:
@@ -573,6 +592,8 @@ class NodeAdmin(ConsoleAdmin):
             "scalars": node_scalars(node=node),
             "taints": list(node.taints.order_by("key")),
             "audit_events": list(node_audit_trail(node=node)),
+            "at_risk": _at_risk_rows(at_risk_reservations(node_id=node.pk, limit=AT_RISK_SHOWN)),
+            "at_risk_shown": AT_RISK_SHOWN,
             "can_operate": can_operate(request),
             # Only the actions that would change something: at 3 a.m. a cordoned
             # node offers "Uncordon", not both.

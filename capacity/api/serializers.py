@@ -40,6 +40,9 @@ class RollupRowSerializer(serializers.Serializer):
 class ByPoolOutput(serializers.Serializer):
     poolId = serializers.CharField()
     rows = RollupRowSerializer(many=True)
+    atRiskReservations = serializers.IntegerField(
+        help_text="live reservations of the pool marked at risk by BookingRepair (every tenant's)"
+    )
 
 
 class SummaryPoolSerializer(serializers.Serializer):

@@ -48,8 +48,17 @@ class NoticeOutput(serializers.Serializer):
     endsAt = serializers.IntegerField()
 
 
+class AtRiskOutput(serializers.Serializer):
+    reason = serializers.CharField(help_text="what keeps its bookings off schedulable atoms")
+    since = serializers.IntegerField(help_text="when it was first found at risk, epoch milliseconds")
+
+
 class ReservationOutput(serializers.Serializer):
-    """A reservation: times are epoch milliseconds; `notice` is set on a displaced spot reservation."""
+    """A reservation: times are epoch milliseconds; `notice` is set on a displaced spot reservation.
+
+    `atRisk` is set while a live reservation has a booking on a node or atom that
+    left the schedulable set and could not be moved (BookingRepair).
+    """
 
     id = serializers.CharField()
     tenantId = serializers.CharField()
@@ -65,6 +74,7 @@ class ReservationOutput(serializers.Serializer):
     createdAt = serializers.IntegerField()
     allocations = AllocationOutput(many=True)
     notice = NoticeOutput(allow_null=True)
+    atRisk = AtRiskOutput(allow_null=True)
 
 
 class ReservationListOutput(serializers.Serializer):

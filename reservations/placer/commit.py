@@ -44,7 +44,8 @@ from inventory.resources import node_resources_claim, node_resources_give_back
 from inventory.schedulability import schedulable_sql
 from ledger.quota import quota_charge, quota_give_back
 from ledger.rollups import rollup_apply_deltas
-from reservations.models import Allocation, Reservation
+from reservations.counts import COUNTED_ATOM_SQL, COUNTED_NODE_SQL
+from reservations.models import Allocation, BookingPhase, Reservation
 from reservations.placer.filters import Window
 from reservations.placer.plan import Member, Option, Plan, placement_plan
 from reservations.request_types import ReservationRequest
@@ -301,6 +302,8 @@ def placement_charge(*, placement: Placement, request: ReservationRequest) -> No
     """Quota and rollup deltas for a committed placement, in the same transaction (two statements)."""
     charges = placement_charges(placement)
     quota_charge(pool_id=request.pool_id, tenant_id=request.tenant_id, charges=charges)
+    # The bookings' insert trigger set their phase from the same clock (this
+    # transaction's compute_now(), which `window.now` is): RUNNING if started.
     started = placement.window.start <= placement.window.now
     deltas: dict[str, tuple[int, int]] = {}
     for resource, amount in charges.items():
@@ -310,6 +313,55 @@ def placement_charge(*, placement: Placement, request: ReservationRequest) -> No
         else:
             deltas[resource] = (0, amount)
     rollup_apply_deltas(pool_id=request.pool_id, deltas=deltas)
+
+
+# Step 1 of a cut: mark the allocations released (once: the guarded UPDATE) and
+# lock their nodes FOR SHARE in id order, in one statement. A node or device
+# change (which holds the node FOR UPDATE, `reservations.node_events`) then
+# either committed before the next statement's snapshot, and is counted there,
+# or waits for this transaction; scalars are counted where their node is.
+_CUT_RELEASE_SQL = f"""
+WITH released AS (
+    UPDATE reservations_allocation SET released = true
+     WHERE reservation_id = %(reservation)s AND NOT released
+    RETURNING id, node_id, resources
+),
+locked AS (
+    SELECT n.id, {COUNTED_NODE_SQL} AS counted
+      FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id
+     WHERE n.id IN (SELECT node_id FROM released)
+     ORDER BY n.id
+       FOR SHARE OF n
+)
+SELECT r.id, r.node_id, r.resources, COALESCE(l.counted, false)
+  FROM released r LEFT JOIN locked l ON l.id = r.node_id
+"""
+
+# Step 2: lock the bookings (a phase move by the worker then either committed
+# and is read here, or waits for this cut, which sees its rows first) and
+# count them by class, whether their atom is counted, their phase, and what
+# the cut does to them: removes it (it starts at or after `at`), shortens it
+# (it ends after `at`) or keeps it (it already ends by `at`: settlement).
+_CUT_COUNT_SQL = f"""
+WITH bk AS MATERIALIZED (
+    SELECT b.id, b.device_id, b.phase, lower(b.during) AS lo, upper(b.during) AS hi
+      FROM device_bookings b
+     WHERE b.allocation_id = ANY(%(allocations)s)
+     ORDER BY b.id
+       FOR UPDATE
+)
+SELECT d.device_class, {COUNTED_ATOM_SQL} AS counted, bk.phase,
+       CASE WHEN bk.lo >= %(at)s THEN 'removed' WHEN bk.hi > %(at)s THEN 'shortened' ELSE 'kept' END,
+       %(at)s <= compute_now() AS ends_by_now, count(*)
+  FROM bk
+  JOIN inventory_device d ON d.id = bk.device_id
+  JOIN inventory_node n ON n.id = d.node_id
+  JOIN inventory_pool p ON p.id = n.pool_id
+ GROUP BY 1, 2, 3, 4, 5
+"""
+
+# The rollup column a booking of this phase is counted in (OVER: none).
+_PHASE_COLUMN = {BookingPhase.FUTURE: "reserved", BookingPhase.RUNNING: "allocated"}
 
 
 def reservation_cut(
@@ -327,24 +379,24 @@ def reservation_cut(
     nothing back twice). Returns whether anything was given back. A caller
     that holds the reservation row passes its `pool_id` and `tenant_id`,
     which saves reading them again.
+
+    The rollups lose what they count of these bookings, by phase and only on
+    counted atoms (`reservations.counts`): a deleted booking its phase's
+    count; a booking cut to end by now (`at <= compute_now()`) its phase's
+    count, and it becomes OVER; a booking cut to a later end (a spot notice)
+    keeps its phase, and the worker moves it when the clock gets there. A
+    booking the cut leaves as it was (settlement: it already ends at `at`) is
+    the worker's to move too, so nothing is subtracted twice. Which bookings end
+    by now is decided by the transaction's `compute_now()` (the clock of the
+    insert trigger and of the worker), of which `now` is the caller's copy.
     """
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE reservations_allocation SET released = true WHERE reservation_id = %s AND NOT released"
-            " RETURNING id, node_id, resources",
-            [reservation_id],
-        )
+        cursor.execute(_CUT_RELEASE_SQL, {"reservation": reservation_id})
         allocations = cursor.fetchall()
         if not allocations:
             return False
         allocation_ids = [row[0] for row in allocations]
-        cursor.execute(
-            "SELECT d.device_class, lower(b.during) <= %s AS started, lower(b.during) >= %s AS removed,"
-            " upper(b.during) > %s AS running, count(*)"
-            " FROM device_bookings b JOIN inventory_device d ON d.id = b.device_id"
-            " WHERE b.allocation_id = ANY(%s) GROUP BY 1, 2, 3, 4",
-            [now, at, at, allocation_ids],
-        )
+        cursor.execute(_CUT_COUNT_SQL, {"allocations": allocation_ids, "at": at})
         counts = cursor.fetchall()
         # Bookings are history: the ones that started keep their past and end at
         # `at`; only the ones that would start at or after `at` are removed.
@@ -353,9 +405,10 @@ def reservation_cut(
             [allocation_ids, at],
         )
         cursor.execute(
-            "UPDATE device_bookings SET during = tstzrange(lower(during), %s, '[)')"
-            " WHERE allocation_id = ANY(%s) AND upper(during) > %s",
-            [at, allocation_ids, at],
+            "UPDATE device_bookings SET during = tstzrange(lower(during), %(at)s, '[)'),"
+            " phase = CASE WHEN %(at)s <= compute_now() THEN 2 ELSE phase END"
+            " WHERE allocation_id = ANY(%(allocations)s) AND upper(during) > %(at)s",
+            {"at": at, "allocations": allocation_ids},
         )
         if pool_id is None or tenant_id is None:
             cursor.execute(
@@ -367,14 +420,14 @@ def reservation_cut(
         quota: Counter[str] = Counter()
         allocated: Counter[str] = Counter()
         reserved: Counter[str] = Counter()
-        for device_class, started, removed, running, count in counts:
+        for device_class, counted, phase, fate, ends_by_now, count in counts:
             quota[device_class] += count
-            if removed and not started:
-                reserved[device_class] += count
-            elif started and running and at <= now:
-                allocated[device_class] += count
+            leaves = fate == "removed" or (fate == "shortened" and ends_by_now)
+            if counted and leaves and phase in _PHASE_COLUMN:
+                column = allocated if _PHASE_COLUMN[phase] == "allocated" else reserved
+                column[device_class] += count
         scalars: list[tuple[str, str, int]] = []
-        for _id, node_id, resources in allocations:
+        for _id, node_id, resources, node_counted in allocations:
             if isinstance(resources, str):  # Django leaves raw jsonb as text
                 resources = json.loads(resources)
             for resource, amount in sorted((resources or {}).items()):
@@ -383,7 +436,8 @@ def reservation_cut(
                     continue
                 scalars.append((node_id, resource, amount))
                 quota[resource] += amount
-                allocated[resource] += amount
+                if node_counted:
+                    allocated[resource] += amount
     node_resources_give_back(claims=scalars)
     quota_give_back(pool_id=pool_id, tenant_id=tenant_id, amounts=quota)
     rollup_apply_deltas(

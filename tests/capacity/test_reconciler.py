@@ -1,27 +1,17 @@
-"""The reconciler: one pass at a time across replicas (the advisory lock), the reservations' pass before
-the rebuild, progress, and a clean stop on SIGTERM (also through `rebuild_rollups --every`)."""
+"""The one-off reconcile pass (`rebuild_rollups`): one at a time across processes (the advisory lock, shared
+with the worker's periodic rebuild), the reservations' pass before the rebuild, and progress."""
 
 from __future__ import annotations
 
-import io
-import os
-import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
-from django.core.management import call_command
 from django.db import connection
 
 from capacity import reconciler
-from capacity.reconciler import (
-    PassResult,
-    install_stop_handlers,
-    reconcile_loop,
-    reconcile_once,
-    reconcile_pass,
-)
+from capacity.reconciler import reconcile_once
+from capacity.worker import WorkerLoop, worker_jobs
 from core.locks import ADVISORY_LOCK_KEYS
 from inventory.models import Node, Pool
 from tests.support.factories import NodeFactory, PoolFactory, gpus
@@ -86,6 +76,32 @@ def test_reconcile_once_skips_while_another_session_holds_the_lock(hooks: list[C
     assert reconcile_once() is True
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_workers_rebuild_and_a_manual_one_never_run_at_once(hooks: list[Callable[[], None]]) -> None:
+    pool = PoolFactory.create()
+    gpus(NodeFactory.create(pool=pool), 1)
+    inside, finish = threading.Event(), threading.Event()
+
+    def slow_hook() -> None:
+        inside.set()
+        assert finish.wait(30)
+
+    hooks.append(slow_hook)
+    manual = Worker(reconcile_once)
+    manual.start()
+    assert inside.wait(30)
+    (rebuild,) = [job for job in worker_jobs() if job.name == "rollup-rebuild"]
+    loop = WorkerLoop(jobs=[rebuild])
+    try:
+        # The manual pass holds the rebuild's lock: the worker skips its rebuild.
+        assert loop.run_job(rebuild) is None
+    finally:
+        finish.set()
+        manual.join_ok()
+        loop.close()
+    assert manual.result is True
+
+
 @pytest.mark.django_db
 def test_the_reservations_pass_runs_before_the_rebuild_and_a_failing_one_does_not_stop_it(
     hooks: list[Callable[[], None]],
@@ -101,66 +117,20 @@ def test_the_reservations_pass_runs_before_the_rebuild_and_a_failing_one_does_no
 
     hooks.append(cordon_then_fail)
 
-    result = reconcile_pass()
+    assert reconcile_once() is True
 
-    assert result.ran
     assert calls == ["pass"]
     assert (row(pool).allocatable, row(pool).maintenance) == (0, 1)
 
 
 @pytest.mark.django_db
-def test_the_loop_body_rebuilds_and_reports_progress(hooks: list[Callable[[], None]]) -> None:
+def test_the_pass_rebuilds_and_reports_progress(hooks: list[Callable[[], None]]) -> None:
     pool = PoolFactory.create()
     gpus(NodeFactory.create(pool=pool), 3)
     seen: list[tuple[int, int]] = []
 
-    result = reconcile_pass(progress=lambda done, total: seen.append((done, total)))
+    assert reconcile_once(progress=lambda done, total: seen.append((done, total))) is True
 
-    assert result.ran
     total = Pool.objects.count()
     assert seen[0] == (0, total) and seen[-1] == (total, total)
     assert row(pool).allocatable == 3
-
-
-@pytest.mark.django_db
-def test_sigterm_stops_the_loop_after_the_current_pass(hooks: list[Callable[[], None]]) -> None:
-    pool = PoolFactory.create()
-    gpus(NodeFactory.create(pool=pool), 1)
-    stop = threading.Event()
-    restore = install_stop_handlers(stop)
-    passes: list[PassResult] = []
-
-    def on_pass(result: PassResult) -> None:
-        passes.append(result)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    try:
-        # A day between passes: only the signal can end this loop promptly.
-        count = reconcile_loop(every=86400, stop=stop, on_pass=on_pass)
-    finally:
-        restore()
-    assert count == 1
-    assert stop.is_set()
-    assert [p.ran for p in passes] == [True]
-    assert row(pool).allocatable == 1
-    assert signal.getsignal(signal.SIGTERM) is not None
-
-
-@pytest.mark.django_db
-def test_the_rebuild_rollups_command_loop_exits_cleanly_on_sigterm(
-    hooks: list[Callable[[], None]], settings: Any
-) -> None:
-    PoolFactory.create()
-    settings.CAPACITY_ROLLUP_EVERY_SECONDS = 86400
-
-    def terminate() -> None:
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    hooks.append(terminate)
-    out = io.StringIO()
-    # `--every` without a value takes the period from the settings.
-    call_command("rebuild_rollups", "--every", stdout=out)
-    text = out.getvalue()
-    assert "a pass every 86400s" in text
-    assert "pass done" in text
-    assert text.rstrip().endswith("reconciler stopped")

@@ -16,12 +16,13 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from capacity import rollups
-from capacity.rollups import rollup_rebuild, rollup_rebuild_all
+from capacity.rollups import rollup_rebuild, rollup_rebuild_all, rollup_recount
 from capacity.selectors import capacity_summary, rollup_rows
 from core.clock import compute_now, set_clock_offset
 from inventory.models import Device, Pool
 from ledger.models import PoolCapacityRollup
-from ledger.rollups import rollup_apply_delta
+from ledger.rollups import rollup_apply_count_deltas, rollup_apply_delta
+from reservations.models import BookingPhase, DeviceBooking
 from tests.support.clock import HOUR
 from tests.support.factories import (
     AllocationFactory,
@@ -137,7 +138,8 @@ def test_moving_the_clock_moves_a_future_booking_from_reserved_to_allocated() ->
     assert (row(pool).allocated, row(pool).reserved) == (0, 1)
 
     set_clock_offset(timedelta(hours=2, minutes=30))
-    # The rows do not move on their own: the rollup lags until the next rebuild.
+    # The rows do not move on their own: the booking's phase moves first (the worker's
+    # `bookings_advance`, which a rebuild also runs before it counts).
     assert (row(pool).allocated, row(pool).reserved) == (0, 1)
     rollup_rebuild(pool_id=pool.id)
     assert (row(pool).allocated, row(pool).reserved) == (1, 0)
@@ -145,6 +147,54 @@ def test_moving_the_clock_moves_a_future_booking_from_reserved_to_allocated() ->
     set_clock_offset(timedelta(hours=4))
     rollup_rebuild(pool_id=pool.id)
     assert (row(pool).allocated, row(pool).reserved, row(pool).available) == (0, 0, 1)
+
+
+@pytest.mark.django_db
+def test_the_recount_counts_phases_not_the_clock_and_the_rebuild_catches_the_phases_up_first() -> None:
+    pool = PoolFactory.create()
+    (device,) = gpus(NodeFactory.create(pool=pool), 1)
+    book(device, HOUR, 2 * HOUR)
+    rollup_rebuild(pool_id=pool.id)
+    set_clock_offset(timedelta(minutes=90))
+
+    # Behind the clock, the recount agrees with the rows (both say reserved)...
+    assert rollup_recount(pool_ids=[pool.id])[(pool.id, "gpu")]["reserved"] == row(pool).reserved == 1
+    # ...and a rebuild moves the phase first, with its delta, then counts.
+    rollup_rebuild(pool_id=pool.id)
+    assert DeviceBooking.objects.get(device=device).phase == BookingPhase.RUNNING
+    assert rollup_recount(pool_ids=[pool.id])[(pool.id, "gpu")] == {
+        "allocatable": 1,
+        "allocated": 1,
+        "reserved": 0,
+        "provisioning": 0,
+        "unhealthy": 0,
+        "maintenance": 0,
+        "unreachable": 0,
+    }
+    assert (row(pool).allocated, row(pool).reserved) == (1, 0)
+
+
+@pytest.mark.django_db
+def test_count_deltas_keep_total_the_sum_create_rows_and_never_go_below_zero() -> None:
+    pool = PoolFactory.create()
+    rollup_apply_count_deltas(deltas={(pool.id, "gpu"): {"allocatable": 4, "maintenance": 2, "allocated": 1}})
+    gpu = row(pool)
+    assert (gpu.total, gpu.allocatable, gpu.maintenance, gpu.allocated, gpu.available) == (6, 4, 2, 1, 3)
+
+    # A cordon: four atoms from allocatable to maintenance, their booking out of the count.
+    rollup_apply_count_deltas(
+        deltas={
+            (pool.id, "gpu"): {"allocatable": -4, "maintenance": 4, "allocated": -1},
+            (pool.id, "vcpu"): {},  # only makes sure the row exists
+        }
+    )
+    gpu = row(pool)
+    assert (gpu.total, gpu.allocatable, gpu.maintenance, gpu.allocated) == (6, 0, 6, 0)
+    assert row(pool, "vcpu").total == 0
+
+    rollup_apply_count_deltas(deltas={(pool.id, "gpu"): {"unhealthy": -3, "maintenance": -7}})
+    gpu = row(pool)
+    assert (gpu.total, gpu.unhealthy, gpu.maintenance) == (0, 0, 0)
 
 
 @pytest.mark.django_db

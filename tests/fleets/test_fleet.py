@@ -164,3 +164,33 @@ def test_a_made_fleet_loads_with_mig_slot_and_whole_gpu_atoms(tmp_path: Path) ->
     assert {"gpu", "gpu.mig", "gpu.slot", "nic.vf", "disk", "node"} <= classes
     # A MIG parent or a slot parent is never an atom.
     assert not Device.objects.filter(device_class="gpu", bookable=True, children__isnull=False).exists()
+
+
+def _rollup_counts() -> dict[tuple[str, str], tuple[int, ...]]:
+    from ledger.models import PoolCapacityRollup
+
+    return {
+        (r.pool_id, r.resource): (r.allocatable, r.maintenance, r.unreachable, r.unhealthy, r.total)
+        for r in PoolCapacityRollup.objects.all()
+    }
+
+
+@pytest.mark.django_db
+def test_a_reload_that_cordons_a_known_node_moves_its_gpus_at_once() -> None:
+    from capacity.rollups import rollup_recount
+
+    data = json.loads(DEMO.read_text())
+    load(DEMO)
+    run_command("rebuild_rollups")
+    node = next(n for n in data["nodes"] if n["hostname"] == "gpu-a-001")
+    pool_id = Node.objects.get(hostname="gpu-a-001").pool_id
+    before = _rollup_counts()[(pool_id, "gpu")]
+    node["cordoned"] = True
+    fleet_load(data=data)
+    after = _rollup_counts()[(pool_id, "gpu")]
+    gpus = len(node["report"]["gpus"])
+    # No rebuild ran: the reload itself moved the node's GPUs to `maintenance`.
+    assert after[0] == before[0] - gpus
+    assert after[1] == before[1] + gpus
+    recounted = rollup_recount(pool_ids=[pool_id])[(pool_id, "gpu")]
+    assert (recounted["allocatable"], recounted["maintenance"]) == after[:2]

@@ -1,8 +1,10 @@
 """The torture tests: 1,000 interleaved and 1,000 concurrent operations, then every invariant.
 
 The mix (`tests.support.torture.ops`) is reservations (create, release) against
-cordons, uncordons, taints, untaints, maintenance and `healthy` flips, on a
-small fleet where most creates fight for the last atoms of some node. After
+cordons, uncordons, taints, untaints, maintenance and `healthy` flips, cordons
+of nodes and failures of GPUs that hold future bookings, and BookingRepair
+runs (`bookings_repair`) between them, on a small fleet where most creates
+fight for the last atoms of some node. After
 each run the checks in `tests.support.torture.checks` recount everything from the
 rows, and `tests.support.torture.commitlog` judges every committed booking against
 the node and atom states that committed before it. While the run is in
@@ -23,12 +25,19 @@ from typing import Any
 import pytest
 from django.db import connections
 
+from core.clock import compute_now
 from tests.support.clock import now_ms
 from tests.support.threads import Dealer, threads_run
-from tests.support.torture.checks import Sampler, check_rollups_match_rebuild, invariant_problems
+from tests.support.torture.checks import (
+    Sampler,
+    check_phases_follow_the_clock,
+    check_rollups_match_rebuild,
+    invariant_problems,
+)
 from tests.support.torture.commitlog import LogSummary, commitlog_check
 from tests.support.torture.fleet import Fleet, fleet_restore
 from tests.support.torture.ops import Ledger, Op, Tally, op_run_http, op_run_service, ops_generate
+from tests.support.torture.repair_checks import at_risk_count, check_repaired
 from tests.support.torture.scale import JOIN_SECONDS, SCALE, SEED
 from tests.support.torture.servers import ServerGroup, http_tokens
 from tests.support.torture.stepper import Stepper
@@ -45,6 +54,9 @@ SAMPLE_EVERY = 10
 
 def verify_run(fleet: Fleet, tally: Tally, sampler: Sampler, *, operations: int) -> LogSummary:
     """Every check of the brief, in an order where none disturbs the next; returns the log's summary."""
+    from core.models import AuditEvent
+    from reservations.repair import bookings_repair
+
     assert tally.total == operations, tally.counts
     assert not tally.failures, tally.failures[:10]
     # The counters were right while the work was in flight, not only once it settled.
@@ -53,11 +65,28 @@ def verify_run(fleet: Fleet, tally: Tally, sampler: Sampler, *, operations: int)
     # The run must have contested something, or it proves nothing.
     assert tally.counts["created"] > 0 and tally.counts["released"] > 0 and tally.counts["node-op"] > 0
     assert tally.counts["no-capacity"] + tally.counts["quota"] > 0, tally.counts
+    assert tally.counts["repaired"] > 0, tally.counts
     problems = invariant_problems()
     log = commitlog_check()
     problems.extend(log.violations)
     assert log.bookings > 0 and log.state_changes > 0
+    problems.extend(check_phases_follow_the_clock())
+    # The run's repairs acted: they moved bookings (each move's bookings judged by the commit log
+    # above) or marked reservations at risk.
+    acted = AuditEvent.objects.filter(action__in=("reservation.repaired", "reservation.at-risk"))
+    assert acted.exists(), tally.counts
+    # At rest, one more repair pass (as the worker's after the last node change) leaves nothing undone,
+    # and the rollups equal a rebuild in the fleet state the run left, cordons and all.
+    bookings_repair()
+    problems.extend(check_repaired())
+    problems.extend(invariant_problems())
+    problems.extend(check_rollups_match_rebuild())
+    moved = AuditEvent.objects.filter(action="reservation.repaired").count()
+    print(f"\nrepair: {moved} reservations moved, {at_risk_count()} at risk at rest")
+    # Every node schedulable again: the next pass clears every mark that no longer holds.
     fleet_restore(fleet)
+    bookings_repair()
+    problems.extend(check_repaired())
     problems.extend(check_rollups_match_rebuild())
     assert not problems, "\n".join(problems[:20])
     return log
@@ -76,7 +105,7 @@ def run_interleaved(
 
     def bind(op: Op) -> Any:
         def run() -> str:
-            outcome = op_run_service(op, ledger)
+            outcome = op_run_service(op, ledger, fleet)
             tally.record(op, outcome)
             return outcome
 
@@ -112,7 +141,7 @@ def run_concurrent_service(
                 index, op = item
                 try:
                     sampler.maybe(index)
-                    outcome = op_run_service(op, ledger)
+                    outcome = op_run_service(op, ledger, fleet)
                 except Exception as exc:  # every unexpected exception fails the run
                     outcome = f"error: {type(exc).__name__}: {exc}"
                 tally.record(op, outcome)
@@ -140,7 +169,7 @@ def run_concurrent_http(
                 base_url = servers.urls[index % len(servers.urls)]
                 try:
                     sampler.maybe(index)  # read from the database the servers write, mid-run
-                    outcome = op_run_http(op, ledger, base_url=base_url, tokens=tokens)
+                    outcome = op_run_http(op, ledger, base_url=base_url, tokens=tokens, fleet=fleet)
                 except Exception as exc:  # a dropped connection or a timeout fails the run
                     outcome = f"error: {type(exc).__name__}: {exc}"
                 tally.record(op, outcome)
@@ -356,3 +385,35 @@ def check_daemon_refusals() -> list[str]:
     from tests.support.torture.checks import check_daemon
 
     return check_daemon(require_delivery=True)
+
+
+def test_the_repair_check_catches_a_booking_left_on_a_cordoned_node_and_a_stale_mark(fleet: Fleet) -> None:
+    """The new invariant broken on purpose: BookingRepair skipped, then a mark forged on a healthy one."""
+    from inventory.models import Node
+    from reservations.models import Allocation, Reservation
+    from reservations.node_events import node_cordon
+    from reservations.repair import bookings_repair
+    from reservations.request import parse_reservation_request
+    from reservations.services import reservation_create
+
+    pool_id, tenant_id = fleet.bookers[0]
+    body = {
+        "tenantId": tenant_id,
+        "poolId": pool_id,
+        "devices": [{"class": "gpu", "count": 1}],
+        "duration": "1h",
+        "start": now_ms() + 3_600_000,
+        "idempotencyKey": "left-behind",
+    }
+    reservation, _ = reservation_create(request=parse_reservation_request(body), actor="test")
+    assert check_repaired() == []
+    node_id = Allocation.objects.get(reservation=reservation).node_id
+    node_cordon(node=Node.objects.get(pk=node_id), reason="test", actor="test")
+    left = check_repaired()
+    assert len(left) == 1 and reservation.pk in left[0] and "not at risk" in left[0]
+    assert bookings_repair() == 1
+    assert check_repaired() == []
+    assert Allocation.objects.get(reservation=reservation).node_id != node_id
+    Reservation.objects.filter(pk=reservation.pk).update(at_risk_reason="forged", at_risk_since=compute_now())
+    stale = check_repaired()
+    assert len(stale) == 1 and "marked at risk (forged) with nothing left at risk" in stale[0]

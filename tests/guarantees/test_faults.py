@@ -2,8 +2,10 @@
 
 After each, the invariants of the torture runs hold (`tests.support.torture.checks`),
 nothing is half-written (a reservation has all of its allocation, bookings,
-scalar claims, quota charge and rollup delta, or none of them), and a client
-that retries with its `idempotencyKey` ends up with exactly one reservation.
+scalar claims, quota charge, rollup delta and outbox row, or none of them), a
+client that retries with its `idempotencyKey` ends up with exactly one
+reservation, and what a killed process never told the nodes is delivered
+from the outbox.
 
 `SOAK=1` multiplies the operations and faults by ten.
 """
@@ -20,14 +22,17 @@ import time
 import urllib.error
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection, connections
 
-from reservations.models import Reservation
-from reservations.services import reservations_redeliver
+from core.clock import set_clock_offset
+from reservations.daemon import daemon_behind
+from reservations.models import Delivery, Reservation
+from reservations.outbox import outbox_deliver_due
 from tests.support.clock import now_ms
 from tests.support.commands import run_python
 from tests.support.threads import Dealer, threads_run
@@ -39,15 +44,16 @@ from tests.support.torture.servers import ServerGroup, http_tokens, server_ready
 
 KILLS = 4 * SCALE
 
-# The statements at which a connection may be killed: each is inside a placement's or a
-# release's transaction, after some of its writes and before its COMMIT.
+# The statements at which a connection may be killed (the first of these its text contains):
+# each is inside a placement's or a release's transaction, after some of its writes and
+# before its COMMIT.
 KILL_POINTS = (
+    "INSERT INTO reservations_delivery",  # a create's INSERT or a release's UPDATE, with its outbox row
     "INSERT INTO device_bookings",  # after the allocation row, before the bookings
     "UPDATE inventory_noderesource",  # claiming or giving back scalars
     "UPDATE quota_usage",  # the quota charge or refund
     "INSERT INTO pool_capacity_rollup",  # the rollup delta, the last write of a create
     "UPDATE reservations_allocation SET released",  # a release, after locking the reservation
-    "SELECT pg_notify",  # a release's last statement
 )
 
 
@@ -61,7 +67,8 @@ class Killer:
         self.kills: Counter[str] = Counter()
 
     def wrapper(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        point = next((p for p in KILL_POINTS if sql.lstrip().startswith(p)), None)
+        # Anywhere in the statement: most writes are CTEs (`WITH c AS (... UPDATE quota_usage ...)`).
+        point = next((p for p in KILL_POINTS if p in sql), None)
         if point is not None and connection.in_atomic_block:
             with self.lock:
                 kill = self.rng.random() < self.probability
@@ -223,12 +230,22 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
         else:
             assert made[key] == 0, (key, answer)
     # Delivery to the node runs after COMMIT; a worker killed between the two leaves a booking the
-    # node was never sent. The reconciler's pass catches the nodes up; after it, every live
-    # booking is on its node and nothing was ever refused.
-    reservations_redeliver()
+    # node was never sent, and its outbox row. The worker's outbox pass (once the rows are due)
+    # catches the nodes up; after it, the outbox is empty, every live booking is on its node and
+    # nothing was ever refused.
+    undelivered = Delivery.objects.count()
+    set_clock_offset(timedelta(seconds=10))
+    try:
+        outbox_deliver_due(limit=100_000)
+    finally:
+        set_clock_offset(timedelta(0))
+    assert not Delivery.objects.exists()
+    assert daemon_behind() == []
     problems = problems_after_run(fleet)
     assert not problems, "\n".join(problems[:20])
-    print(f"\nserver kills: {len(kills)}, client retries: {dict(counts)}")
+    print(
+        f"\nserver kills: {len(kills)}, client retries: {dict(counts)}, undelivered at the end: {undelivered}"
+    )
 
 
 @pytest.mark.slow

@@ -624,6 +624,39 @@ def test_guard6_the_daemon_accepts_what_the_database_accepted() -> None:
         assert [holder for holder, _, _ in daemon_holdings(device_uid=device.uid)] == [reservation.id]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_guard6_the_fake_daemon_refuses_claims_beyond_its_capacity_and_the_reservation_is_released() -> None:
+    from reservations.daemon import daemon_claims
+
+    pool = PoolFactory()
+    node = one_node(pool, 2)
+    NodeResourceFactory(node=node, resource="vcpu", allocatable=16)
+    now = compute_now()
+    # The node knows better: it holds a claim the control plane never made (a forged, stale one).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO fake_daemon_claims"
+            " (node_id, reservation_id, allocation_id, resources, node_profile, starts_at, ends_at)"
+            " VALUES (%s, 'rsv_forged', %s, '{\"vcpu\": 12}', NULL, %s, %s)",
+            [node.id, f"alloc_forged_{node.id}", now - timedelta(hours=1), now + timedelta(days=1)],
+        )
+    # The control plane sees 16 vCPUs free and books 8; the node has 4 left and refuses.
+    reservation, created = reservation_create(request=gpu_request(pool, 1, resources={"vcpu": 8}), actor="t")
+    assert created
+    reservation.refresh_from_db()
+    assert reservation.state == "released"
+    assert reservation.release_reason.startswith("AllocationFailed: vcpu on ")
+    assert "rsv_forged" in reservation.release_reason
+    # The refusal left no trace on the node, and the release gave back the scalars it claimed.
+    assert daemon_claims(reservation_id=reservation.pk) == []
+    assert all(daemon_holdings(device_uid=d.uid) == [] for d in Device.objects.filter(node=node))
+    assert NodeResource.objects.get(node=node, resource="vcpu").allocated == 0
+    # What fits beside the forged claim is accepted.
+    fits, _ = reservation_create(request=gpu_request(pool, 1, resources={"vcpu": 4}), actor="t")
+    assert Reservation.objects.get(pk=fits.pk).state == "active"
+    assert [claims.resources for claims in daemon_claims(reservation_id=fits.pk)] == [{"vcpu": 4}]
+
+
 # --- Idempotency under a race ------------------------------------------------------------
 
 
@@ -697,21 +730,52 @@ def test_a_concurrent_mix_of_creates_and_releases_keeps_every_invariant() -> Non
 
 
 @pytest.mark.django_db(transaction=True)
-def test_guard6_a_delivery_lost_after_commit_is_caught_up_by_the_reconciler_hook(
+def test_guard6_a_delivery_lost_after_commit_is_delivered_from_the_outbox(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from core.clock import set_clock_offset
     from reservations import services
-    from reservations.services import reservations_reconcile
+    from reservations.daemon import daemon_behind
+    from reservations.models import Delivery
+    from reservations.outbox import outbox_deliver_due
+
+    def unreachable(**_: Any) -> None:
+        raise ConnectionError("the node did not answer")
 
     pool = PoolFactory()
     node = one_node(pool, 2)
-    original = services.daemon_deliver
-    monkeypatch.setattr(services, "daemon_deliver", lambda *, reservation_id: None)  # the node never heard
+    monkeypatch.setattr(services, "daemon_deliver", unreachable)
     reservation, _ = reservation_create(request=gpu_request(pool, 2), actor="t")
     uids = list(Device.objects.filter(node=node).values_list("uid", flat=True))
     assert all(daemon_holdings(device_uid=uid) == [] for uid in uids)
-    monkeypatch.setattr(services, "daemon_deliver", original)
-    reservations_reconcile()
-    reservations_reconcile()  # a second pass finds nothing left to add
+    assert Delivery.objects.filter(reservation=reservation, kind="assign", attempts=1).exists()
+    monkeypatch.undo()
+    set_clock_offset(timedelta(seconds=5))  # past the retry's backoff
+    try:
+        assert outbox_deliver_due() == 1
+        assert outbox_deliver_due() == 0  # a second pass finds nothing left to deliver
+    finally:
+        set_clock_offset(timedelta(0))
     for uid in uids:
         assert [holder for holder, _, _ in daemon_holdings(device_uid=uid)] == [reservation.id]
+    assert reservation.pk not in daemon_behind()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard6_a_node_that_lost_its_record_is_resynced_on_demand() -> None:
+    from reservations.daemon import daemon_behind, daemon_claims
+    from reservations.services import reservations_redeliver
+
+    pool = PoolFactory()
+    node = one_node(pool, 2)
+    NodeResourceFactory(node=node, resource="vcpu", allocatable=8)
+    reservation, _ = reservation_create(request=gpu_request(pool, 2, resources={"vcpu": 4}), actor="t")
+    with connection.cursor() as cursor:
+        for table in ("fake_daemon_assignments", "fake_daemon_claims"):
+            cursor.execute(f"DELETE FROM {table} WHERE reservation_id = %s", [reservation.pk])
+    assert reservation.pk in daemon_behind()
+    assert reservations_redeliver() >= 1
+    assert reservation.pk not in daemon_behind()
+    for device in Device.objects.filter(node=node):
+        assert [holder for holder, _, _ in daemon_holdings(device_uid=device.uid)] == [reservation.id]
+    assert [claims.resources for claims in daemon_claims(reservation_id=reservation.pk)] == [{"vcpu": 4}]

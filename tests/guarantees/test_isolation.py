@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -370,6 +371,40 @@ def test_a_narrowed_agent_lists_only_its_nodes_and_wipes_none_of_the_others(worl
             assert after == before and Node.objects.get(pk=node.pk).last_heartbeat_at == heartbeat
         everything = call(world.tokens[token_kind], "nodes/list", {}).json()
         assert {n["id"] for n in everything["nodes"]} == {world.nodes[k].id for k in reach}
+
+
+# --- At-risk reservations: a tenant sees its own marks, and only a count of the pool's --------
+
+
+@pytest.mark.django_db
+def test_another_tenants_at_risk_reservation_shows_only_as_the_pools_count(world: World) -> None:
+    """`atRisk` is on the tenant's own reservations; `capacity/byPool` counts the pool's, never naming one."""
+    from reservations.node_events import device_set_health
+    from reservations.repair import bookings_repair
+
+    pool = world.pools["offered"]
+    rivals = _book(pool, "rival", "iso-rival-at-risk")
+    rival_uid = Device.objects.get(bookings__allocation__reservation_id=rivals).uid
+    device_set_health(
+        device=Device.objects.get(uid=rival_uid), healthy=False, reason="XID 79", actor="operator"
+    )
+    assert bookings_repair() == 1
+
+    acme = world.tokens["tenant"]
+    by_pool = call(acme, "capacity/byPool", {"tenantId": CALLER, "poolId": pool.id}).json()
+    assert by_pool["atRiskReservations"] == 1
+    assert rivals not in json.dumps(by_pool) and rival_uid not in json.dumps(by_pool)
+    listed = call(acme, "reservations/list", {"tenantId": CALLER, "poolId": pool.id}).json()
+    assert [r["id"] for r in listed["reservations"]] == [world.reservations["offered"]]
+    assert listed["reservations"][0]["atRisk"] is None
+    assert call(acme, "reservations/get", {"tenantId": CALLER, "reservationId": rivals}).status_code == 404
+    rival = world.tokens["other-tenant"]
+    mine = call(rival, "reservations/get", {"tenantId": "rival", "reservationId": rivals}).json()
+    assert mine["atRisk"]["reason"] == f"GPU {rival_uid} is unhealthy; it is running and cannot move"
+    # Another tenant's pool, not offered to acme: not even the count.
+    foreign = world.pools["foreign"]
+    refused = call(acme, "capacity/byPool", {"tenantId": CALLER, "poolId": foreign.id})
+    assert refused.status_code == 404 and set(refused.json()) == {"error"}
 
 
 # --- The admin: staff login and CSRF -------------------------------------------------------

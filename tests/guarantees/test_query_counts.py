@@ -30,14 +30,15 @@ from tests.support.factories import (
 # Token + principal + bindings, and whether `last_used_at` is due: one statement.
 AUTH = 1
 # create: auth, the pool, the write rate counters (one upsert), the idempotency
-# look-up, the transaction's savepoint, the clock, the reservation insert, the two
-# plan queries, then per member the node lock, the atoms lock, the allocation,
-# the bookings and the scalar claim, and one statement each for quota and rollups.
+# look-up, the transaction's savepoint, the clock, the reservation insert (with its
+# outbox row and the worker's wake-up in the same statement), the two plan queries,
+# then per member the node lock, the atoms lock, the allocation, the bookings and
+# the scalar claim, and one statement each for quota and rollups.
 CREATE_MAX = 19
 # release: auth, the write rate counters, the locked row with its state and clock, the cut (allocations,
-# counts, delete, shorten, scalars, quota, rollups), the row update, its audit
-# event, the notification, the savepoint and its release, then the allocations
-# with their atoms.
+# counts, delete, shorten, scalars, quota, rollups), the row update (with its outbox
+# row and both notifications in the same statement), its audit event, the savepoint
+# and its release, then the allocations with their atoms.
 RELEASE_MAX = 17
 # summary and byPool: auth, the pools, the rollup rows.
 READ_MAX = 3

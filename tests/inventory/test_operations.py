@@ -1,5 +1,8 @@
 """Node operations: through the services and the commands; guard 4 and the rollup buckets.
 
+The services here are the inventory halves; the commands (like the API and the
+admin) go through `reservations.node_events`, which moves the rollups with them.
+
 (Through the API: `tests/capacity/test_api_nodes.py`.)
 """
 
@@ -13,6 +16,7 @@ from django.core.management import CommandError
 from django.db import OperationalError, connection, connections, transaction
 
 from capacity.rollups import rollup_rebuild
+from core.clock import compute_now
 from core.errors import InvalidInput
 from core.models import AuditEvent
 from inventory import operations
@@ -73,6 +77,35 @@ def test_uncordon_clears_the_cordon(gpu_node: Node) -> None:
     assert audit_trail(gpu_node) == ["node.cordon", "node.uncordon"]
     operations.node_uncordon(node=gpu_node, actor=ACTOR)
     assert audit_trail(gpu_node) == ["node.cordon", "node.uncordon"]
+
+
+@pytest.mark.django_db
+def test_connectivity_is_a_guarded_write_audited_when_it_changes(gpu_node: Node) -> None:
+    down = operations.node_set_connectivity(node=gpu_node, connected=False, actor="liveness", reason="silent")
+    operations.node_set_connectivity(node=gpu_node, connected=False, actor="liveness", reason="silent")
+    assert down.connectivity == "disconnected"
+    assert node_detail(node=down)["bucket"] == "unreachable"
+    up = operations.node_set_connectivity(node=gpu_node, connected=True, actor=ACTOR, reason="checked")
+    assert up.connectivity == "connected"
+    assert audit_trail(gpu_node) == ["node.disconnected", "node.connected"]
+
+
+@pytest.mark.django_db
+def test_a_disconnect_with_a_cutoff_spares_a_node_that_reported_after_it(gpu_node: Node) -> None:
+    reported = compute_now()
+    Node.objects.filter(pk=gpu_node.pk).update(last_heartbeat_at=reported)
+
+    spared = operations.node_set_connectivity(
+        node=gpu_node, connected=False, actor="liveness", reason="silent", heartbeat_before=reported
+    )
+    assert spared.connectivity == "connected"
+    assert audit_trail(gpu_node) == []
+    # A node that never reported has nothing newer than any cutoff.
+    Node.objects.filter(pk=gpu_node.pk).update(last_heartbeat_at=None)
+    gone = operations.node_set_connectivity(
+        node=gpu_node, connected=False, actor="liveness", reason="silent", heartbeat_before=reported
+    )
+    assert gone.connectivity == "disconnected"
 
 
 @pytest.mark.django_db
@@ -296,6 +329,20 @@ def test_commands_cordon_by_hostname_and_uncordon_by_id(gpu_node: Node) -> None:
     assert "uncordoned" in run_command("uncordon", gpu_node.pk)
     assert not Node.objects.get(pk=gpu_node.pk).cordoned
     assert audit_trail(gpu_node) == ["node.cordon", "node.uncordon"]
+
+
+@pytest.mark.django_db
+def test_the_commands_move_the_rollups_at_once(gpu_node: Node) -> None:
+    rollup_rebuild(pool_id=gpu_node.pool_id)
+
+    run_command("cordon", "gpu-a-001", "--reason", "PSU swap")
+    row = PoolCapacityRollup.objects.get(pool_id=gpu_node.pool_id, resource="gpu")
+    assert (row.allocatable, row.maintenance) == (0, 8)
+
+    run_command("uncordon", "gpu-a-001")
+    run_command("taint", "gpu-a-001", "xid", "--effect", "NoSchedule", "--reason", "xid 79")
+    row = PoolCapacityRollup.objects.get(pool_id=gpu_node.pool_id, resource="gpu")
+    assert (row.allocatable, row.maintenance, row.unhealthy) == (0, 0, 8)
 
 
 @pytest.mark.django_db

@@ -1,23 +1,29 @@
-"""`rebuild_rollups [--pool ID] [--every SECONDS]`: rebuild now, or run as the reconciler loop."""
+"""`rebuild_rollups [--pool ID] [--every [SECONDS]]`: rebuild now; `--every` runs the worker.
+
+The loop that used to run a pass every N seconds is the worker now
+(`manage.py worker`), which sleeps to the next deadline instead of polling;
+`--every N` stays as an alias of `worker --rebuild-every N`, so an existing
+Procfile or unit file keeps working.
+"""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from capacity.reconciler import PassResult, install_stop_handlers, reconcile_loop, reconcile_once
+from capacity.reconciler import reconcile_once
 from capacity.rollups import rollup_rebuild
 from inventory.models import Pool
 
 
 class Command(BaseCommand):
-    help = "Rebuild the pool capacity rollups once, or every N seconds as the reconciler."
+    help = "Rebuild the pool capacity rollups once (--every: run the worker, which rebuilds every N seconds)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--pool", help="Rebuild only this pool (once).")
@@ -28,10 +34,11 @@ class Command(BaseCommand):
             const=-1.0,
             default=None,
             metavar="SECONDS",
-            help="Run as the reconciler loop; without a value, CAPACITY_ROLLUP_EVERY_SECONDS.",
+            help="Run the worker (`worker --rebuild-every`); without a value, CAPACITY_ROLLUP_EVERY_SECONDS.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.verbosity = int(options["verbosity"])
         pool_id: str | None = options["pool"]
         every: float | None = options["every"]
         if pool_id and every is not None:
@@ -69,27 +76,22 @@ class Command(BaseCommand):
 
             ran = reconcile_once(progress=progress)
         if not ran:
-            self.stdout.write("another reconciler holds the lock; nothing rebuilt")
+            self.stdout.write("another rebuild is running (the worker's or another one); nothing rebuilt")
             return
         self.stdout.write(f"rebuilt {seen['pools']} pools in {time.monotonic() - started:.2f}s")
 
     def _loop(self, period: float) -> None:
-        stop = threading.Event()
-        restore = install_stop_handlers(stop)
-        self.stdout.write(f"reconciler: a pass every {period:g}s; SIGTERM or Ctrl-C stops it")
-
-        def on_pass(result: PassResult) -> None:
-            if result.ran:
-                self.stdout.write(f"pass done in {result.seconds:.2f}s")
-            else:
-                self.stdout.write("pass skipped: another reconciler holds the lock")
-
-        try:
-            with self._progress() as tick:
-                reconcile_loop(every=period, stop=stop, on_pass=on_pass, progress=tick)
-        finally:
-            restore()
-        self.stdout.write("reconciler stopped")
+        self.stdout.write(
+            f"rebuild_rollups --every is the worker now: running `worker --rebuild-every {period:g}`"
+        )
+        call_command(
+            "worker",
+            "--rebuild-every",
+            str(period),
+            verbosity=self.verbosity,
+            stdout=self.stdout,
+            stderr=self.stderr,
+        )
 
     @contextmanager
     def _progress(self) -> Iterator[Callable[[int, int], None]]:

@@ -14,7 +14,9 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from capacity.rollups import rollup_rebuild_all
+from capacity.rollups import rollup_rebuild_all, rollup_recount
+from ledger.rollups import ROLLUP_STORED_COUNTS
+from reservations.phases import bookings_advance
 from tests.support.torture.commitlog import commitlog_check
 from tests.support.torture.fleet import Fleet, fleet_restore
 
@@ -90,36 +92,84 @@ def check_quota() -> list[str]:
     ]
 
 
-def rollup_snapshot() -> dict[tuple[str, str], tuple[int, int]]:
-    """(pool, resource) -> (allocated, reserved) as the booking transactions' deltas left them."""
+def rollup_snapshot() -> dict[tuple[str, str], tuple[int, ...]]:
+    """(pool, resource) -> every stored count of its rollup row, as the transactions' deltas left it."""
+    columns = ", ".join(ROLLUP_STORED_COUNTS)
     return {
-        (pool, resource): (allocated, reserved)
-        for pool, resource, allocated, reserved in _rows(
-            "SELECT pool_id, resource, allocated, reserved FROM pool_capacity_rollup"
-        )
+        (pool, resource): tuple(counts)
+        for pool, resource, *counts in _rows(f"SELECT pool_id, resource, {columns} FROM pool_capacity_rollup")
     }
 
 
-def check_rollups_match_rebuild() -> list[str]:
-    """Every rollup's booked counts equal a fresh rebuild's.
-
-    Call it with every node schedulable and every atom healthy (`fleet_restore`):
-    bucket moves (a cordon, a quarantine) are by design picked up only by the
-    rebuild, while `allocated` and `reserved` are kept by the deltas and must
-    already be exact.
-    """
-    before = rollup_snapshot()
-    rollup_rebuild_all()
-    after = rollup_snapshot()
+def _rollup_differences(
+    rows: dict[tuple[str, str], tuple[int, ...]], counted: dict[tuple[str, str], tuple[int, ...]], what: str
+) -> list[str]:
+    zero = (0,) * len(ROLLUP_STORED_COUNTS)
     problems = []
-    for key in sorted(set(before) | set(after)):
-        old = before.get(key, (0, 0))
-        new = after.get(key, (0, 0))
+    for key in sorted(set(rows) | set(counted)):
+        old, new = rows.get(key, zero), counted.get(key, zero)
         if old != new:
-            problems.append(
-                f"rollup {key[0]} {key[1]}: deltas gave allocated/reserved {old}, a rebuild counts {new}"
-            )
+            moved = {
+                name: (a, b) for name, a, b in zip(ROLLUP_STORED_COUNTS, old, new, strict=True) if a != b
+            }
+            problems.append(f"rollup {key[0]} {key[1]}: the rows hold / {what} counts {moved}")
     return problems
+
+
+def check_rollups_match_rebuild() -> list[str]:
+    """Every rollup row equals a fresh rebuild's, in whatever state the fleet is (cordons, taints and all).
+
+    Bookings, node and device changes and bookings changing phase all move
+    the rows in their own transactions, so no count waits for the rebuild.
+    One transaction fixes the clock: the phases are first caught up with it
+    (`bookings_advance`, as the worker would), then the rows are compared with
+    the rebuild's recount (which then has no phase left to move).
+    """
+    with transaction.atomic():
+        bookings_advance()
+        before = rollup_snapshot()
+        rollup_rebuild_all()
+        after = rollup_snapshot()
+    return _rollup_differences(before, after, "a rebuild")
+
+
+def check_rollups_match_count() -> list[str]:
+    """Every rollup row equals a recount of the bookings by phase (read-only; at every committed instant).
+
+    The recount is the rebuild's (`reservations.counts`) without its writes and
+    without moving any phase: each transaction that changes a booking, a claim,
+    a node or a device applies its delta before it commits, so any one snapshot
+    must agree, even with the worker behind the clock.
+    """
+    pools = [pool for (pool,) in _rows("SELECT id FROM inventory_pool ORDER BY id")]
+    counted = {
+        key: tuple(counts[name] for name in ROLLUP_STORED_COUNTS)
+        for key, counts in rollup_recount(pool_ids=pools).items()
+    }
+    return _rollup_differences(rollup_snapshot(), counted, "a recount")
+
+
+def check_phases_follow_the_clock() -> list[str]:
+    """After `bookings_advance`, every booking's phase is the one its window has on the clock.
+
+    FUTURE bookings start later, RUNNING ones have started and not ended, OVER
+    ones have ended. One transaction fixes the clock for both steps.
+    """
+    with transaction.atomic():
+        bookings_advance()
+        wrong = _rows(
+            """
+            SELECT b.id, b.phase, lower(b.during), upper(b.during), compute_now() FROM device_bookings b
+             WHERE b.phase <> CASE WHEN upper(b.during) <= compute_now() THEN 2
+                                   WHEN lower(b.during) <= compute_now() THEN 1
+                                   ELSE 0 END
+             ORDER BY b.id LIMIT 20
+            """
+        )
+    return [
+        f"booking {booking}: phase {phase} for [{lower}, {upper}) at {now}"
+        for booking, phase, lower, upper, now in wrong
+    ]
 
 
 def check_reservations_whole() -> list[str]:
@@ -200,7 +250,7 @@ def check_daemon(*, require_delivery: bool = True) -> list[str]:
 
 
 def invariant_problems(*, require_delivery: bool = True) -> list[str]:
-    """Every check above except the rollup one (which rebuilds, so it goes last, after `fleet_restore`)."""
+    """Every check above except the ones that move phases or rebuild (`problems_after_run` adds them)."""
     return [
         *check_no_double_booking(),
         *check_scalars(),
@@ -218,12 +268,14 @@ def snapshot_problems() -> list[str]:
     no atom booked twice, every `node_resources.allocated` within
     `floor(allocatable * ratio)` and equal to its live claims, and every quota's
     `used` within `max` and equal to its live charges. One REPEATABLE READ
-    transaction makes the recounts agree with each other. Left out: the node
-    daemon (told after commit) and the rollups (bucket moves wait for a rebuild).
+    transaction makes the recounts agree with each other. The rollups too: every
+    row equals a recount of the bookings by phase, of the counted atoms and of
+    the scalars, whatever the nodes' state. Left out: the node daemon (told
+    after commit).
     """
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        return [*check_no_double_booking(), *check_scalars(), *check_quota()]
+        return [*check_no_double_booking(), *check_scalars(), *check_quota(), *check_rollups_match_count()]
 
 
 @dataclass
@@ -259,10 +311,14 @@ class Sampler:
 
 
 def problems_after_run(fleet: Fleet) -> list[str]:
-    """Every check after a run: the recounts and the commit-order log's verdicts, then, with every
-    cordon, taint, maintenance and quarantine lifted (so a rebuild counts every booking), the rollups."""
+    """Every check after a run: the recounts and the commit-order log's verdicts, the phases against the
+    clock and the rollups against a rebuild in the state the run left the fleet in (cordons, taints,
+    maintenance and quarantines included); then, with all of those lifted (through the node events,
+    which move the rollups), the rollups once more."""
     problems = invariant_problems()
     problems.extend(commitlog_check().violations)
+    problems.extend(check_phases_follow_the_clock())
+    problems.extend(check_rollups_match_rebuild())
     fleet_restore(fleet)
     problems.extend(check_rollups_match_rebuild())
     return problems

@@ -84,9 +84,10 @@ def fleet_build(*, nodes_per_pool: tuple[int, ...] = (8, 4), gpus_per_node: int 
 
 
 def fleet_restore(fleet: Fleet) -> None:
-    """Lift every cordon, taint, maintenance and quarantine (services), so a rebuild counts every booking."""
+    """Lift every cordon, taint, maintenance and quarantine (through `reservations.node_events`, which
+    moves the rollups with each change), so every node is schedulable and every atom counted again."""
     from inventory.models import Taint
-    from inventory.operations import device_set_health, node_set_maintenance, node_uncordon, node_untaint
+    from reservations.node_events import device_set_health, node_set_maintenance, node_uncordon, node_untaint
 
     for node in Node.objects.filter(pk__in=fleet.node_ids):
         node_uncordon(node=node, actor="torture-restore")

@@ -1,10 +1,14 @@
-"""The operation mix: reservations (create, release) against cordons, taints, maintenance and health flips.
+"""The operation mix: reservations (create, release) against cordons, taints, maintenance and health flips,
+with BookingRepair interleaved.
 
 An `Op` is plain data drawn from a seeded generator, so the same schedule can
 be run through the service layer (`op_run_service`) or the HTTP API
 (`op_run_http`). Which reservation a release takes is decided when it runs
 (from the `Ledger` of live reservations), because that depends on what the
-creates before it achieved.
+creates before it achieved; so is which node a "cordon a node booked in the
+future" takes and which GPU a "booked GPU turns unhealthy" takes (one holding
+a future booking when the operation runs). "repair" runs `bookings_repair()`,
+as the worker does when a node change asks for it.
 """
 
 from __future__ import annotations
@@ -30,13 +34,39 @@ WEIGHTS: dict[str, int] = {
     "untaint": 7,
     "maintenance": 6,
     "health": 10,
+    # A node or a GPU that holds a future booking leaves the schedulable set; repair moves it.
+    "cordon-booked": 5,
+    "health-booked": 4,
+    "repair": 6,
 }
 TAINT_KEYS = ("torture/xid", "torture/ecc")
 # Seconds after "now" a calendar reservation starts; None starts now.
 START_OFFSETS: tuple[int | None, ...] = (None, None, None, 1800, 7200)
 
 # What an operation ended as; anything else (an exception, a 5xx) is a failure of the run.
-EXPECTED = {"created", "replayed", "no-capacity", "quota", "released", "nothing-to-release", "node-op"}
+EXPECTED = {
+    "created",
+    "replayed",
+    "no-capacity",
+    "quota",
+    "released",
+    "nothing-to-release",
+    "node-op",
+    "nothing-booked",
+    "repaired",
+}
+
+# The nodes and GPUs holding a future allocation booking now, for the "-booked" kinds to pick from.
+_BOOKED_NODES_SQL = (
+    "SELECT DISTINCT d.node_id FROM device_bookings b JOIN inventory_device d ON d.id = b.device_id"
+    " WHERE b.allocation_id IS NOT NULL AND lower(b.during) > compute_now() AND d.node_id = ANY(%s)"
+    " ORDER BY 1"
+)
+_BOOKED_GPUS_SQL = (
+    "SELECT DISTINCT d.uid FROM device_bookings b JOIN inventory_device d ON d.id = b.device_id"
+    " WHERE b.allocation_id IS NOT NULL AND lower(b.during) > compute_now() AND d.healthy"
+    " AND d.uid = ANY(%s) ORDER BY 1"
+)
 
 
 @dataclass(frozen=True)
@@ -117,16 +147,46 @@ def ops_generate(*, fleet: Fleet, seed: int, count: int, now_ms: int, key_prefix
             ops.append(Op("untaint", {"nodeId": node_id, "key": rng.choice(TAINT_KEYS)}))
         elif kind == "maintenance":
             ops.append(Op("maintenance", {"nodeId": node_id, "on": rng.random() < 0.45}))
+        elif kind in ("cordon-booked", "health-booked"):
+            ops.append(Op(kind, {"pick": rng.random()}))
+        elif kind == "repair":
+            ops.append(Op("repair", {}))
         else:
             ops.append(Op("health", {"uid": rng.choice(fleet.device_uids), "healthy": rng.random() < 0.65}))
     return ops
 
 
-def op_run_service(op: Op, ledger: Ledger) -> str:
-    """Run one operation through the service layer, on the calling thread's connection."""
+def booked_pick(op: Op, fleet_ids: list[str]) -> str | None:
+    """For a "-booked" kind: the node (or GPU uid) holding a future booking now that `pick` chooses."""
+    from django.db import connection
+
+    sql = _BOOKED_NODES_SQL if op.kind == "cordon-booked" else _BOOKED_GPUS_SQL
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [fleet_ids])
+        found = [row[0] for row in cursor.fetchall()]
+    if not found:
+        return None
+    return str(found[int(op.args["pick"] * len(found))])
+
+
+def repair_run() -> str:
+    """BookingRepair, as the worker runs it after a node change or a release."""
+    from reservations.repair import bookings_repair
+
+    bookings_repair()
+    return "repaired"
+
+
+def op_run_service(op: Op, ledger: Ledger, fleet: Fleet | None = None) -> str:
+    """Run one operation through the service layer, on the calling thread's connection.
+
+    Node and device changes go through `reservations.node_events`, as every
+    caller's do. The "-booked" kinds need the `fleet` (whose nodes and GPUs they
+    pick among); without it they find nothing booked.
+    """
     from core.errors import NoCapacity, QuotaExceeded
-    from inventory import operations
     from inventory.models import Device, Node
+    from reservations import node_events as operations
     from reservations.models import Reservation
     from reservations.request import parse_reservation_request
     from reservations.services import reservation_create, reservation_release
@@ -148,11 +208,27 @@ def op_run_service(op: Op, ledger: Ledger) -> str:
             return "nothing-to-release"
         reservation_release(reservation=Reservation.objects.get(pk=target[1]), actor=actor)
         return "released"
+    if op.kind == "repair":
+        return repair_run()
+    if op.kind == "health-booked":
+        uid = booked_pick(op, fleet.device_uids) if fleet is not None else None
+        if uid is None:
+            return "nothing-booked"
+        operations.device_set_health(
+            device=Device.objects.get(uid=uid), healthy=False, reason="torture: booked GPU fails", actor=actor
+        )
+        return "node-op"
     if op.kind == "health":
         device = Device.objects.get(uid=op.args["uid"])
         operations.device_set_health(
             device=device, healthy=op.args["healthy"], reason="torture flip", actor=actor
         )
+        return "node-op"
+    if op.kind == "cordon-booked":
+        node_id = booked_pick(op, fleet.node_ids) if fleet is not None else None
+        if node_id is None:
+            return "nothing-booked"
+        operations.node_cordon(node=Node.objects.get(pk=node_id), reason="torture: booked node", actor=actor)
         return "node-op"
     node = Node.objects.get(pk=op.args["nodeId"])
     if op.kind == "cordon":
@@ -172,7 +248,7 @@ def op_run_service(op: Op, ledger: Ledger) -> str:
     return "node-op"
 
 
-def op_run_service_retrying(op: Op, ledger: Ledger, lost: Counter[str]) -> str:
+def op_run_service_retrying(op: Op, ledger: Ledger, lost: Counter[str], fleet: Fleet | None = None) -> str:
     """`op_run_service`, run again on a new connection after each one lost (counted in `lost` by kind).
 
     A create retried this way carries the same idempotencyKey, so it is answered the
@@ -182,7 +258,7 @@ def op_run_service_retrying(op: Op, ledger: Ledger, lost: Counter[str]) -> str:
 
     while True:
         try:
-            return op_run_service(op, ledger)
+            return op_run_service(op, ledger, fleet)
         except (OperationalError, InterfaceError):
             lost[op.kind] += 1
             connections.close_all()
@@ -209,8 +285,26 @@ def http_post(
             return error.code, raw.decode(errors="replace")
 
 
-def op_run_http(op: Op, ledger: Ledger, *, base_url: str, tokens: dict[str, str]) -> str:
-    """Run one operation through the API; `tokens` maps each tenant id and "operator" to a bearer token."""
+def op_run_http(
+    op: Op, ledger: Ledger, *, base_url: str, tokens: dict[str, str], fleet: Fleet | None = None
+) -> str:
+    """Run one operation through the API; `tokens` maps each tenant id and "operator" to a bearer token.
+
+    The "-booked" kinds choose their node or GPU from the database, then act
+    over HTTP; "repair" runs here, as the worker beside the servers would.
+    """
+    if op.kind == "repair":
+        return repair_run()
+    if op.kind in ("cordon-booked", "health-booked"):
+        if fleet is None:
+            return "nothing-booked"
+        picked = booked_pick(op, fleet.node_ids if op.kind == "cordon-booked" else fleet.device_uids)
+        if picked is None:
+            return "nothing-booked"
+        if op.kind == "cordon-booked":
+            op = Op("cordon", {"nodeId": picked})
+        else:
+            op = Op("health", {"uid": picked, "healthy": False})
     if op.kind == "create":
         body = op.args["body"]
         status, answer = http_post(base_url, "reservations/create", tokens[body["tenantId"]], body)

@@ -1,0 +1,243 @@
+"""The worker's cost at the bench's fleet: one pass of every job, its schedule query, and its CPU per minute.
+
+`python -m bench` runs this at its largest fleet (10,000 nodes, one million
+bookings); `python -m bench.worker --nodes N` builds a fleet of its own and
+runs only this.
+
+* **A pass**: `WorkerLoop.run_once()`, every job once whether due or not,
+  timed per job, twice: the first catches up whatever fell due since the
+  fleet was written, the second is the steady pass.
+* **The schedule**: `next_deadline()`, the one query the loop runs on each wake.
+* **CPU per minute**: `manage.py worker` as its own process for a minute,
+  after its first pass; its CPU (user + system, from `/proc/<pid>/stat`) and
+  that of its two database backends (found by `application_name`, when the
+  server's processes are readable from here). Measured twice: *idle*, on the
+  loaded fleet before any booking is written (nothing falls due: the worker
+  wakes once per max sleep), and *steady*, with the million bookings, whose
+  starts and ends fall due every second or so, as in a fleet in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.database import BASE_DIR
+
+IDLE_SECONDS = 60.0
+SCHEDULE_SAMPLES = 50
+APP_NAME = "bench-worker"
+START_SECONDS = 120.0
+
+console = Console()
+
+
+def worker_pass() -> dict[str, Any]:
+    """One pass of every job: the total and each job's seconds, count and outcome."""
+    from capacity.worker import WorkerLoop
+
+    loop = WorkerLoop(holder="bench")
+    try:
+        started = time.perf_counter()
+        results = loop.run_once()
+        total = time.perf_counter() - started
+    finally:
+        loop.close()
+    return {
+        "total_s": round(total, 3),
+        "jobs": {
+            r.name: {"seconds": round(r.seconds, 3), "count": r.count, "ok": r.ok, "error": r.error}
+            for r in results
+        },
+    }
+
+
+def schedule_query(samples: int = SCHEDULE_SAMPLES) -> dict[str, float]:
+    """`next_deadline()`'s latency (p50, p99) in milliseconds."""
+    from capacity.worker import next_deadline
+
+    runs = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        next_deadline()
+        runs.append((time.perf_counter() - started) * 1000)
+    runs.sort()
+    return {
+        "p50_ms": round(statistics.median(runs), 3),
+        "p99_ms": round(runs[min(len(runs) - 1, int(len(runs) * 0.99))], 3),
+    }
+
+
+def _proc_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of a local process, or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _backend_pids() -> list[int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()",
+            [APP_NAME],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _passes() -> tuple[Any, int]:
+    from core.models import WorkerJob
+    from core.worker_status import HEARTBEAT_ROW
+
+    row = WorkerJob.objects.filter(name=HEARTBEAT_ROW).values_list("holder", "runs").first()
+    return (row[0], int(row[1])) if row else ("", 0)
+
+
+def worker_cpu(*, database_url: str, seconds: float = IDLE_SECONDS) -> dict[str, Any]:
+    """CPU of `manage.py worker` (and of its database backends) over `seconds`, after its first pass."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "SECRET_KEY": os.environ.get("SECRET_KEY", "bench-only-not-secret"),
+        "DEBUG": "0",
+        "PGAPPNAME": APP_NAME,  # libpq's default application_name: how its backends are found
+    }
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "worker"],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    holder_suffix = f":{process.pid}"
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while not _passes()[0].endswith(holder_suffix):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the worker did not start")
+            time.sleep(0.2)
+        backends = _backend_pids()
+        cpu0 = _proc_cpu(process.pid)
+        db0 = [_proc_cpu(pid) for pid in backends]
+        passes0 = _passes()[1]
+        time.sleep(seconds)
+        cpu1 = _proc_cpu(process.pid)
+        db1 = [_proc_cpu(pid) for pid in backends]
+        passes1 = _passes()[1]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(60)
+    worker_s = (cpu1 or 0.0) - (cpu0 or 0.0)
+    readable = backends and all(v is not None for v in (*db0, *db1))
+    db_s = sum((b or 0.0) - (a or 0.0) for a, b in zip(db0, db1, strict=True)) if readable else None
+    per_minute = 60.0 / seconds
+    return {
+        "seconds": seconds,
+        "worker_cpu_s_per_min": round(worker_s * per_minute, 3),
+        "db_cpu_s_per_min": round(db_s * per_minute, 3) if db_s is not None else None,
+        "passes_per_min": round((passes1 - passes0) * per_minute, 1),
+        "backends": len(backends),
+    }
+
+
+def print_worker(size: dict[str, Any]) -> None:
+    """The worker's numbers of one fleet size, as tables."""
+    worker = size.get("worker")
+    if not worker:
+        return
+    table = Table(title="the worker: one pass of every job")
+    table.add_column("job")
+    for label in ("first pass", "steady pass"):
+        table.add_column(f"{label} s", justify="right")
+        table.add_column("did", justify="right")
+    first, steady = worker["first_pass"], worker["steady_pass"]
+    for name, job in first["jobs"].items():
+        again = steady["jobs"].get(name, {})
+        mark = "" if job["ok"] else " (failed)"
+        table.add_row(
+            name + mark,
+            f"{job['seconds']:.3f}",
+            str(job["count"]),
+            f"{again.get('seconds', 0):.3f}",
+            str(again.get("count", "")),
+        )
+    table.add_row("whole pass", f"{first['total_s']:.3f}", "", f"{steady['total_s']:.3f}", "")
+    console.print(table)
+    schedule = worker["schedule"]
+    console.print(f"  next_deadline(): p50 {schedule['p50_ms']:.2f} ms, p99 {schedule['p99_ms']:.2f} ms")
+    for label in ("idle", "steady"):
+        cpu = worker.get(f"cpu_{label}")
+        if cpu:
+            db = f"{cpu['db_cpu_s_per_min']:.3f}" if cpu["db_cpu_s_per_min"] is not None else "n/a"
+            console.print(
+                f"  CPU per minute, {label}: worker {cpu['worker_cpu_s_per_min']:.3f} s,"
+                f" its database backends {db} s, {cpu['passes_per_min']:.0f} passes"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.worker --nodes N`: a fleet of its own, and only the worker's measurements."""
+    parser = argparse.ArgumentParser(prog="python -m bench.worker", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=10_000, help="fleet size (8 GPUs per node)")
+    parser.add_argument("--seconds", type=float, default=IDLE_SECONDS, help="how long each CPU run lasts")
+    parser.add_argument("--keep-db", action="store_true", help="keep the benchmark database after the run")
+    args = parser.parse_args(argv)
+
+    from bench.database import BENCH_DB, database_drop, database_recreate, server_find
+    from bench.run import Clock, _build_fleet, _django_setup
+
+    clock = Clock()
+    server = server_find()
+    database_recreate(server=server)
+    _django_setup(server)
+    url = server.url(BENCH_DB)
+    measured: dict[str, Any] = {}
+
+    def idle() -> None:
+        with clock.step(f"{args.nodes} nodes: the worker idle for {args.seconds:.0f}s"):
+            measured["cpu_idle"] = worker_cpu(database_url=url, seconds=args.seconds)
+
+    _build_fleet(server=server, nodes=args.nodes, clock=clock, after_load=idle)
+    measured.update(worker_measure(database_url=url, nodes=args.nodes, clock=clock, seconds=args.seconds))
+    print_worker({"worker": measured})
+    if not args.keep_db:
+        from django.db import connections
+
+        connections.close_all()
+        database_drop(server=server)
+
+
+def worker_measure(
+    *, database_url: str, nodes: int, clock: Any, seconds: float = IDLE_SECONDS
+) -> dict[str, Any]:
+    """The passes, the schedule query and the steady CPU at a filled fleet."""
+    out: dict[str, Any] = {}
+    with clock.step(f"{nodes} nodes: the worker, one pass of every job x2"):
+        out["first_pass"] = worker_pass()
+        out["steady_pass"] = worker_pass()
+        out["schedule"] = schedule_query()
+    with clock.step(f"{nodes} nodes: the worker with the fleet's bookings for {seconds:.0f}s"):
+        out["cpu_steady"] = worker_cpu(database_url=database_url, seconds=seconds)
+    return out
+
+
+if __name__ == "__main__":
+    main()
