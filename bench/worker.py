@@ -9,12 +9,13 @@ runs only this.
   fleet was written, the second is the steady pass.
 * **The schedule**: `next_deadline()`, the one query the loop runs on each wake.
 * **CPU per minute**: `manage.py worker` as its own process for a minute,
-  after its first pass; its CPU (user + system, from `/proc/<pid>/stat`) and
-  that of its two database backends (found by `application_name`, when the
-  server's processes are readable from here). Measured twice: *idle*, on the
-  loaded fleet before any booking is written (nothing falls due: the worker
-  wakes once per max sleep), and *steady*, with the million bookings, whose
-  starts and ends fall due every second or so, as in a fleet in use.
+  once its start is over (what was due at start has run): its CPU (user +
+  system, from `/proc/<pid>/stat`) and that of its database backends (found
+  by `application_name`, when the server's processes are readable from
+  here). Measured twice: *idle*, on the loaded fleet before any booking is
+  written (nothing falls due: the worker wakes once per max sleep), and
+  *steady*, with the million bookings, whose starts and ends fall due every
+  second or so, as in a fleet in use.
 """
 
 from __future__ import annotations
@@ -98,12 +99,24 @@ def _backend_pids() -> list[int]:
         return [row[0] for row in cursor.fetchall()]
 
 
-def _passes() -> tuple[Any, int]:
+def _passes() -> int:
     from core.models import WorkerJob
     from core.worker_status import HEARTBEAT_ROW
 
-    row = WorkerJob.objects.filter(name=HEARTBEAT_ROW).values_list("holder", "runs").first()
-    return (row[0], int(row[1])) if row else ("", 0)
+    row = WorkerJob.objects.filter(name=HEARTBEAT_ROW).values_list("runs", flat=True).first()
+    return int(row or 0)
+
+
+def _settled(holder_suffix: str) -> bool:
+    """The worker's start is over: it wrote its `worker` row, and none of its jobs is running."""
+    from django.db.models import F, Q
+
+    from core.models import WorkerJob
+    from core.worker_status import HEARTBEAT_ROW
+
+    mine = WorkerJob.objects.filter(holder__endswith=holder_suffix)
+    running = mine.filter(Q(last_finished_at__isnull=True) | Q(last_started_at__gt=F("last_finished_at")))
+    return mine.filter(name=HEARTBEAT_ROW).exists() and not running.exists()
 
 
 def worker_cpu(*, database_url: str, seconds: float = IDLE_SECONDS) -> dict[str, Any]:
@@ -115,6 +128,7 @@ def worker_cpu(*, database_url: str, seconds: float = IDLE_SECONDS) -> dict[str,
         "SECRET_KEY": os.environ.get("SECRET_KEY", "bench-only-not-secret"),
         "DEBUG": "0",
         "PGAPPNAME": APP_NAME,  # libpq's default application_name: how its backends are found
+        "DB_CONN_MAX_AGE": "3600",  # the same backends for the whole measurement
     }
     process = subprocess.Popen(
         [sys.executable, "manage.py", "worker"],
@@ -126,18 +140,20 @@ def worker_cpu(*, database_url: str, seconds: float = IDLE_SECONDS) -> dict[str,
     holder_suffix = f":{process.pid}"
     try:
         deadline = time.monotonic() + START_SECONDS
-        while not _passes()[0].endswith(holder_suffix):
+        calm = 0
+        while calm < 3:  # settled at three looks in a row, half a second apart
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the worker did not start")
-            time.sleep(0.2)
+            calm = calm + 1 if _settled(holder_suffix) else 0
+            time.sleep(0.5)
         backends = _backend_pids()
         cpu0 = _proc_cpu(process.pid)
         db0 = [_proc_cpu(pid) for pid in backends]
-        passes0 = _passes()[1]
+        passes0 = _passes()
         time.sleep(seconds)
         cpu1 = _proc_cpu(process.pid)
         db1 = [_proc_cpu(pid) for pid in backends]
-        passes1 = _passes()[1]
+        passes1 = _passes()
     finally:
         process.send_signal(signal.SIGTERM)
         try:

@@ -629,7 +629,8 @@ class WorkerLoop:
         try:
             conn = psycopg.connect(_listen_conninfo(), autocommit=True)
             conn.execute(f"LISTEN {WORKER_CHANNEL}")
-            conn.execute(f"LISTEN {RELEASE_CHANNEL}")
+            if any(job.on_wake for job in self.jobs):
+                conn.execute(f"LISTEN {RELEASE_CHANNEL}")
         except psycopg.Error as exc:
             logger.warning("worker: LISTEN failed (%s); sleeping to deadlines until it reconnects", exc)
             return False
@@ -686,9 +687,13 @@ class WorkerLoop:
     ) -> tuple[bool, float]:
         """Whether these notifications change the plan, and the (maybe earlier) wake-up."""
         replan = False
+        woken_jobs = [job for job in self.jobs if job.on_wake]
+        serves_deadlines = any(job.deadlines for job in self.jobs)
         for note in notes:
             now = time.monotonic()
             if note.channel == RELEASE_CHANNEL or note.payload == REPAIR_PAYLOAD:
+                if not woken_jobs:
+                    continue
                 # A node that left the schedulable set: repair now. Freed capacity: at-risk
                 # reservations may fit now, but a flood of releases repairs once per cooldown.
                 cooldown = 0.0 if note.payload == REPAIR_PAYLOAD else self.release_cooldown
@@ -697,16 +702,15 @@ class WorkerLoop:
                 # A woken job in backoff (or just run) also waits for its turn.
                 ready = max(
                     self._woken_at,
-                    min(
-                        (self._not_before.get(job.name, float("-inf")) for job in self.jobs if job.on_wake),
-                        default=float("inf"),
-                    ),
+                    min(self._not_before.get(job.name, float("-inf")) for job in woken_jobs),
                 )
                 if ready <= now:
                     replan = True
                 else:
                     wake_at = min(wake_at, ready)
                 continue
+            if not serves_deadlines:
+                continue  # a new deadline is the other lane's business
             at = _parse_time(note.payload)
             if at is None or wake_db is None or at < wake_db:
                 replan = True

@@ -28,11 +28,12 @@ from capacity.worker import (
     WorkerLoop,
     next_deadline,
     worker_jobs,
+    worker_lanes,
 )
 from core.clock import compute_now
 from core.locks import ADVISORY_LOCK_KEYS
 from core.models import WorkerJob
-from core.worker_status import HEARTBEAT_ROW, worker_job_finished
+from core.worker_status import HEARTBEAT_ROW, worker_job_finished, worker_job_started
 from inventory.models import Node, Pool
 from reservations.models import Delivery, Reservation
 from tests.support.api import post_json, reservation_body
@@ -290,6 +291,57 @@ def test_the_loop_sleeps_until_a_lease_expires_and_releases_it(
     assert WorkerJob.objects.get(name="lease-expire").last_count == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_long_sweep_does_not_hold_a_deadline_up(
+    settings: Any, owner_client: APIClient, owned_pool: Pool, gpu_node: Node
+) -> None:
+    settings.CAPACITY_WORKER_MAX_SLEEP_SECONDS = 3600
+    status, created = post_json(
+        owner_client, "reservations/create", reservation_body(owned_pool, "acme", leaseSeconds=30)
+    )
+    assert status == 201, created
+    inside, finish = threading.Event(), threading.Event()
+
+    def slow_sweep(_: object) -> int:
+        inside.set()
+        assert finish.wait(JOIN_SECONDS)
+        return 0
+
+    jobs = [
+        *[job for job in worker_jobs() if job.name == "lease-expire"],
+        Job("slow-sweep", slow_sweep, lock="worker:bookings-repair", on_wake=True, lane="sweeps"),
+    ]
+    lanes = worker_lanes(jobs)
+    assert [[job.name for job in lane] for lane in lanes] == [["lease-expire"], ["slow-sweep"]]
+    loops = [WorkerLoop(jobs=lane) for lane in lanes]
+    threads = [Worker(loop.run_forever) for loop in loops]
+    for thread in threads:
+        thread.start()
+    try:
+        assert inside.wait(JOIN_SECONDS)
+        # The sweep is running (and will until told); the lease falls due meanwhile.
+        Reservation.objects.filter(pk=created["id"]).update(lease_expires_at=compute_now() + SECOND)
+        notify("worker_wake", compute_now().isoformat())
+        assert wait_for(lambda: Reservation.objects.get(pk=created["id"]).state == "released")
+        assert not finish.is_set()
+    finally:
+        finish.set()
+        for loop in loops:
+            loop.stop()
+        for thread in threads:
+            thread.join_ok()
+        for loop in loops:
+            loop.close()
+
+
+def test_the_sweeps_run_in_their_own_lane() -> None:
+    lanes = worker_lanes(worker_jobs())
+    assert [[job.name for job in lane] for lane in lanes] == [
+        ["lease-expire", "reservation-settle", "bookings-advance", "nodes-stale", "outbox-deliver"],
+        ["bookings-repair", "rollup-rebuild", "rate-windows-prune"],
+    ]
+
+
 # --- locks and failures ----------------------------------------------------------------------
 
 
@@ -523,6 +575,19 @@ def test_healthz_is_200_with_each_job_when_the_worker_is_fresh_and_503_when_stal
 
     age_rows(70, HEARTBEAT_ROW)  # inside 60 + 30: fresh again
     assert healthz(client)[0] == 200
+
+    # A job that has run for a while (a sweep of a large fleet) is not behind until the same limit.
+    worker_job_started(name="rollup-rebuild", holder="host:1")
+    WorkerJob.objects.filter(name="rollup-rebuild").update(
+        last_started_at=compute_now() - timedelta(seconds=80)
+    )
+    status, body = healthz(client)
+    assert status == 200 and body["worker"]["jobs"]["rollup-rebuild"]["running"] is True
+    WorkerJob.objects.filter(name="rollup-rebuild").update(
+        last_started_at=compute_now() - timedelta(seconds=95)
+    )
+    status, body = healthz(client)
+    assert status == 503 and body["reason"] == "worker job rollup-rebuild: running for 95 s"
 
 
 @pytest.mark.django_db

@@ -109,7 +109,7 @@ class Command(BaseCommand):
             restore()
             for loop in loops:
                 loop.close()
-        self.stdout.write(f"worker stopped after {passes} passes")
+        self.stdout.write(f"worker stopped after {passes} pass{'' if passes == 1 else 'es'}")
 
     @contextmanager
     def _display(self) -> Iterator[_Terminal | None]:
