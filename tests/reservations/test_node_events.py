@@ -11,11 +11,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 from rest_framework.test import APIClient
@@ -32,6 +30,7 @@ from reservations.waits import LISTENER, RELEASE_CHANNEL
 from tests.support.api import post, reservation_body
 from tests.support.clock import HOUR_MS, now_ms
 from tests.support.factories import NodeFactory, PoolFactory, TenantFactory
+from tests.support.notifications import listening
 from tests.support.placement import make_node
 from tests.support.records import audit_trail, snapshot, snapshot_after_rebuild
 from tests.support.threads import JOIN_SECONDS, Worker, wait_until_blocked_on_lock
@@ -363,31 +362,6 @@ def test_a_scalar_only_node_report_keeps_a_gpu_row_for_the_pool(
 
 
 # --- Wake-ups ------------------------------------------------------------------------------
-
-
-class Listener:
-    """A connection of its own LISTENing on a channel; payloads in arrival order."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
-
-    def next(self) -> str:
-        arrived = [n.payload for n in self.conn.notifies(timeout=JOIN_SECONDS, stop_after=1)]
-        assert arrived, "no notification arrived"
-        return arrived[0]
-
-    def none(self) -> bool:
-        return not list(self.conn.notifies(timeout=0.2, stop_after=1))
-
-
-@contextmanager
-def listening(channel: str) -> Iterator[Listener]:
-    params = dict(connection.get_connection_params())
-    for name in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(name, None)
-    with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute(f"LISTEN {channel}")
-        yield Listener(conn)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -12,11 +12,9 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection, connections
 from rest_framework.test import APIClient
@@ -31,6 +29,7 @@ from reservations.outbox import MAX_RETRY_SECONDS, outbox_deliver_due, outbox_ne
 from reservations.services import reservation_create, reservation_release
 from tests.support.api import post, reservation_body
 from tests.support.commands import run_python
+from tests.support.notifications import listening
 from tests.support.placement import gpu_request, make_node
 from tests.support.threads import JOIN_SECONDS, Worker
 
@@ -65,31 +64,6 @@ def uids(node: Node) -> list[str]:
 
 def holders(node: Node) -> dict[str, list[tuple[str, datetime, datetime]]]:
     return {uid: daemon_holdings(device_uid=uid) for uid in uids(node) if daemon_holdings(device_uid=uid)}
-
-
-class Listener:
-    """A connection of its own LISTENing on a channel, as the worker's is; payloads in arrival order."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
-        self.pending: list[str] = []
-
-    def next(self) -> str:
-        if not self.pending:
-            # Several notifications may come in one read: keep them all.
-            self.pending = [n.payload for n in self.conn.notifies(timeout=JOIN_SECONDS, stop_after=1)]
-        assert self.pending, "no notification arrived"
-        return self.pending.pop(0)
-
-
-@contextmanager
-def listening(channel: str) -> Iterator[Listener]:
-    params = dict(connection.get_connection_params())
-    for name in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(name, None)
-    with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute(f"LISTEN {channel}")
-        yield Listener(conn)
 
 
 @pytest.fixture(autouse=True)

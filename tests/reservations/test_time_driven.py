@@ -9,11 +9,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 from rest_framework.test import APIClient
@@ -38,6 +36,7 @@ from reservations.services import (
 from reservations.waits import LISTENER, RELEASE_CHANNEL
 from tests.support.api import post, reservation_body
 from tests.support.factories import QuotaUsageFactory
+from tests.support.notifications import listening
 from tests.support.placement import gpu_request, make_node
 from tests.support.threads import JOIN_SECONDS, Worker
 
@@ -56,30 +55,6 @@ def fresh_node_records() -> None:
     """The fake daemon's tables have no model, so a flush between tests leaves them: start empty."""
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE fake_daemon_assignments, fake_daemon_claims")
-
-
-class Listener:
-    """A connection of its own LISTENing on a channel; payloads in arrival order."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
-        self.pending: list[str] = []
-
-    def next(self) -> str:
-        if not self.pending:
-            self.pending = [n.payload for n in self.conn.notifies(timeout=JOIN_SECONDS, stop_after=1)]
-        assert self.pending, "no notification arrived"
-        return self.pending.pop(0)
-
-
-@contextmanager
-def listening(channel: str) -> Iterator[Listener]:
-    params = dict(connection.get_connection_params())
-    for name in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(name, None)
-    with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute(f"LISTEN {channel}")
-        yield Listener(conn)
 
 
 def get(client: APIClient, reservation_id: str) -> dict[str, Any]:
