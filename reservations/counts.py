@@ -41,18 +41,11 @@ from inventory.schedulability import (
     UNREACHABLE,
     bucket_sql,
 )
+from ledger.rollups import ROLLUP_STORED_COUNTS
 
-# The columns of a count row after `pool_id, resource`, in this order.
-COUNT_COLUMNS = (
-    "allocatable",
-    "allocated",
-    "reserved",
-    "provisioning",
-    "unhealthy",
-    "maintenance",
-    "unreachable",
-    "present",
-)
+# The columns of a count row after `pool_id, resource`, in this order: the
+# counts the ledger stores, then whether the resource is present at all.
+COUNT_COLUMNS = (*ROLLUP_STORED_COUNTS, "present")
 
 # The smallest end any FUTURE or RUNNING booking can have: a FUTURE booking
 # ends after the earliest FUTURE start, a RUNNING one no earlier than the

@@ -7,6 +7,7 @@ book. `capacity.preview` shows a plan; `commit.placement_commit` walks one.
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -34,6 +35,18 @@ from reservations.request import start_horizon_message, start_horizon_seconds
 from reservations.request_types import ReservationRequest
 
 SHORTLIST_SIZE = 10
+
+
+def tie_salt() -> str:
+    """A fresh salt for one plan's tie-break: concurrent plans then order equal scores differently."""
+    return secrets.token_hex(4)
+
+
+def _tie_sql(column: str, salt: str) -> str:
+    """An order among equal scores that is random per salt and fixed within one query."""
+    return f"hashtext({column} || {salt}), {column}"
+
+
 # A start this far in the past is refused; closer than that it means "now".
 START_PAST_TOLERANCE = timedelta(minutes=5)
 
@@ -180,8 +193,15 @@ def placement_plan(
     displace: bool = False,
     exclude_node_ids: tuple[str, ...] = (),
     limit: int = SHORTLIST_SIZE,
+    salt: str | None = None,
 ) -> Plan:
-    """The best `limit` options for `request` in `window`, best first; a reason when there are none."""
+    """The best `limit` options for `request` in `window`, best first; a reason when there are none.
+
+    Options of equal score come in an order drawn from `salt` (fresh per plan
+    unless given), so concurrent plans for the same shape in one pool try
+    different nodes first instead of all racing for the lowest node id; a
+    better score always comes first.
+    """
     if displace:
         window = displaced_window(window=window, notice_seconds=pool.notice_seconds)
     plan = Plan(window=window, displace=displace)
@@ -197,24 +217,28 @@ def placement_plan(
     ctes, _ = with_clause(
         request=request, window=window, q=q, displace=displace, exclude_node_ids=exclude_node_ids
     )
+    salt_expr = q.p(tie_salt() if salt is None else salt, "text")
     scored = f"scored AS (SELECT f.*, {score_sql()} AS score FROM ({features_sql(request=request, q=q)}) f)"
     if request.gang_size:
         key = q.p(gang_key(request))
         size = q.p(request.gang_size, "int")
+        node_tie, group_tie = _tie_sql("node_id", salt_expr), _tie_sql("gv", salt_expr)
         # Per label value, its best `size` nodes; a group with fewer cannot host the gang.
         sql = (
             f"{ctes},\n{scored},\n"
             f"ranked AS (SELECT node_id, score, labels ->> {key} AS gv,"
-            f" row_number() OVER (PARTITION BY labels ->> {key} ORDER BY score DESC, node_id) AS rn"
+            f" row_number() OVER (PARTITION BY labels ->> {key} ORDER BY score DESC, {node_tie}) AS rn"
             " FROM scored)\n"
             f"SELECT gv, array_agg(node_id ORDER BY rn) AS nodes, array_agg(score ORDER BY rn) AS scores,"
             f" round(avg(score), 2) AS score FROM ranked WHERE rn <= {size}"
-            f" GROUP BY gv HAVING count(*) >= {size} ORDER BY score DESC, gv LIMIT {q.p(limit, 'int')}"
+            f" GROUP BY gv HAVING count(*) >= {size} ORDER BY score DESC, {group_tie}"
+            f" LIMIT {q.p(limit, 'int')}"
         )
     else:
         sql = (
             f"{ctes},\n{scored}\n"
-            f"SELECT node_id, score FROM scored ORDER BY score DESC, node_id LIMIT {q.p(limit, 'int')}"
+            f"SELECT node_id, score FROM scored ORDER BY score DESC, {_tie_sql('node_id', salt_expr)}"
+            f" LIMIT {q.p(limit, 'int')}"
         )
     with connection.cursor() as cursor:
         cursor.execute(sql, q.values)
