@@ -77,8 +77,13 @@ REASON_PROBLEMS = 5
 # An atom is counted by the rollups when its node is schedulable and it is healthy and bookable.
 _COUNTED = f"({schedulable_sql('n', 'p.owner_id')} AND d.healthy AND d.bookable)"
 
-# The reservations to look at, by id after a cursor: live ones with a booking that is still
-# counted somewhere (phase 0 or 1) on an atom that is not counted, and every marked one.
+# The reservations to look at, by id after a cursor: live unmarked ones with a booking that
+# is still counted somewhere (phase 0 or 1) on an atom that is not counted, and the marked
+# ones that something could change: no longer live, no longer on a bad atom (clear the
+# mark), or still movable (not started, `hold`: retry the move). A marked reservation that
+# cannot move and still sits on a bad atom is not looked at again until one of those holds:
+# at fleet scale, re-reading thousands of running at-risk reservations on every release
+# cost most of a sweep and could change nothing but the wording of a reason.
 # The uncounted atoms are found first (few), then their bookings through `booking_device_ends`.
 _CANDIDATES_SQL = f"""
 WITH bad AS MATERIALIZED (
@@ -86,15 +91,23 @@ WITH bad AS MATERIALIZED (
       JOIN inventory_node n ON n.id = d.node_id
       JOIN inventory_pool p ON p.id = n.pool_id
      WHERE NOT {_COUNTED}
+),
+on_bad AS MATERIALIZED (
+    SELECT DISTINCT a.reservation_id AS id, r.at_risk_since IS NOT NULL AS marked
+      FROM device_bookings b
+      JOIN reservations_allocation a ON a.id = b.allocation_id
+      JOIN reservations_reservation r ON r.id = a.reservation_id
+     WHERE b.device_id IN (SELECT id FROM bad) AND b.phase IN (0, 1)
+       AND COALESCE(upper(b.during), 'infinity') > compute_now()
+       AND NOT a.released AND r.state IN ('scheduled', 'active')
 )
-SELECT a.reservation_id FROM device_bookings b
-  JOIN reservations_allocation a ON a.id = b.allocation_id
-  JOIN reservations_reservation r ON r.id = a.reservation_id
- WHERE b.device_id IN (SELECT id FROM bad) AND b.phase IN (0, 1)
-   AND COALESCE(upper(b.during), 'infinity') > compute_now()
-   AND NOT a.released AND r.state IN ('scheduled', 'active') AND r.id > %(after)s
+SELECT id FROM on_bad WHERE NOT marked AND id > %(after)s
 UNION
-SELECT r.id FROM reservations_reservation r WHERE r.at_risk_since IS NOT NULL AND r.id > %(after)s
+SELECT r.id FROM reservations_reservation r
+ WHERE r.at_risk_since IS NOT NULL AND r.id > %(after)s
+   AND (r.state NOT IN ('scheduled', 'active')
+        OR (r.starts_at > compute_now() AND r.binding = 'hold')
+        OR NOT EXISTS (SELECT 1 FROM on_bad o WHERE o.id = r.id))
 ORDER BY 1
 LIMIT %(limit)s
 """
@@ -430,7 +443,8 @@ def reservation_repair(*, reservation_id: str) -> Outcome:
         return Outcome("repaired", reason)
 
 
-def _candidates(*, after: str, limit: int) -> list[str]:
+def repair_candidates(*, after: str, limit: int) -> list[str]:
+    """The reservations a sweep looks at, by id after `after`: see `_CANDIDATES_SQL`."""
     return [row[0] for row in _rows(_CANDIDATES_SQL, {"after": after, "limit": limit})]
 
 
@@ -444,7 +458,7 @@ def bookings_repair(*, limit: int = 200) -> int:
     changed = 0
     after = ""
     while True:
-        page = _candidates(after=after, limit=limit)
+        page = repair_candidates(after=after, limit=limit)
         for reservation_id in page:
             try:
                 outcome = reservation_repair(reservation_id=reservation_id)

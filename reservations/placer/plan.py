@@ -7,6 +7,7 @@ book. `capacity.preview` shows a plan; `commit.placement_commit` walks one.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -45,6 +46,11 @@ def tie_salt() -> str:
 def _tie_sql(column: str, salt: str) -> str:
     """An order among equal scores that is random per salt and fixed within one query."""
     return f"hashtext({column} || {salt}), {column}"
+
+
+def _tie(value: Any, salt: str) -> bytes:
+    """The Python side of the same idea, for atoms: a per-plan random but stable order."""
+    return hashlib.blake2b(f"{salt}:{value}".encode(), digest_size=8).digest()
 
 
 # A start this far in the past is refused; closer than that it means "now".
@@ -116,13 +122,15 @@ def displaced_window(*, window: Window, notice_seconds: int) -> Window:
 
 
 def _choose_item_atoms(
-    rows: list[dict[str, Any]], count: int, nvlink_all: bool
+    rows: list[dict[str, Any]], count: int, nvlink_all: bool, salt: str = ""
 ) -> list[dict[str, Any]] | None:
     """Pick `count` atoms on one node: one NVLink domain if asked, one NUMA node when possible.
 
     Free atoms come before spot-booked ones; among NUMA nodes that can hold
     the whole count the fullest-fitting (fewest free) is chosen, keeping large
-    groups whole for later requests.
+    groups whole for later requests. Between equally good NUMA nodes and atoms
+    the order comes from the plan's `salt`, so two concurrent plans that pick
+    the same node usually pick different atoms of it.
     """
     if len(rows) < count:
         return None
@@ -141,10 +149,12 @@ def _choose_item_atoms(
     for row in candidates:
         by_numa[row["numa"]].append(row)
     for group in by_numa.values():
-        group.sort(key=lambda r: (r["displaced"], r["uid"]))
+        group.sort(key=lambda r: (r["displaced"], _tie(r["uid"], salt), r["uid"]))
     fitting = [g for g in by_numa.values() if len(g) >= count]
     if fitting:
-        fitting.sort(key=lambda g: (sum(1 for r in g[:count] if r["displaced"]), len(g)))
+        fitting.sort(
+            key=lambda g: (sum(1 for r in g[:count] if r["displaced"]), len(g), _tie(g[0]["numa"], salt))
+        )
         return fitting[0][:count]
     # No single NUMA node holds it: take from the largest groups first.
     chosen: list[dict[str, Any]] = []
@@ -162,12 +172,13 @@ def _member(
     score: float,
     rows: list[dict[str, Any]],
     whole: list[dict[str, Any]],
+    salt: str = "",
 ) -> Member | None:
     taken: set[int] = set()
     chosen: list[dict[str, Any]] = []
     for index, item in enumerate(request.devices):
         available = [r for r in rows if r["item"] == index and r["device_id"] not in taken]
-        picked = _choose_item_atoms(available, item.count, item_topology(request, item) == "nvlink-all")
+        picked = _choose_item_atoms(available, item.count, item_topology(request, item) == "nvlink-all", salt)
         if picked is None:
             return None  # two items competing for the same atoms on this node
         taken.update(r["device_id"] for r in picked)
@@ -217,7 +228,8 @@ def placement_plan(
     ctes, _ = with_clause(
         request=request, window=window, q=q, displace=displace, exclude_node_ids=exclude_node_ids
     )
-    salt_expr = q.p(tie_salt() if salt is None else salt, "text")
+    salt = tie_salt() if salt is None else salt
+    salt_expr = q.p(salt, "text")
     scored = f"scored AS (SELECT f.*, {score_sql()} AS score FROM ({features_sql(request=request, q=q)}) f)"
     if request.gang_size:
         key = q.p(gang_key(request))
@@ -263,7 +275,7 @@ def placement_plan(
         members = []
         for node_id, score in zip(nodes, scores, strict=True):
             rows, whole = atoms_by_node.get(node_id, ([], []))
-            member = _member(request=request, node_id=node_id, score=score, rows=rows, whole=whole)
+            member = _member(request=request, node_id=node_id, score=score, rows=rows, whole=whole, salt=salt)
             if member is None:
                 break
             members.append(member)

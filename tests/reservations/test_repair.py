@@ -24,7 +24,7 @@ from inventory.models import Device, Node, Pool
 from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup, QuotaUsage
 from reservations.daemon import daemon_holdings
 from reservations.models import Allocation, DeviceBooking, Reservation
-from reservations.repair import bookings_repair
+from reservations.repair import bookings_repair, repair_candidates
 from tests.support.api import post_json
 from tests.support.factories import QuotaUsageFactory
 from tests.support.placement import make_node
@@ -217,8 +217,11 @@ def test_a_running_reservation_on_a_gpu_that_turns_unhealthy_is_at_risk_until_th
     assert check_repaired() == []
     event = AuditEvent.objects.get(action="reservation.at-risk", subject_id=running["id"])
     assert event.actor == "booking-repair" and event.reason == risk["reason"]
+    # Marked, running and still on the bad GPU: nothing a sweep could change, so it is not read again.
+    assert running["id"] not in repair_candidates(after="", limit=100)
 
     operate(operator_client, "devices/setHealth", {"deviceUid": uid, "healthy": True})
+    assert running["id"] in repair_candidates(after="", limit=100)
     assert bookings_repair() == 1
     assert get(owner_client, "acme", running["id"])["atRisk"] is None
     assert at_risk_count(owner_client, "acme", owned_pool) == 0
