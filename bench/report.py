@@ -307,6 +307,7 @@ def _markdown(results: dict[str, Any]) -> str:
                 "them and the floor on one pool is what the single hot rollup row costs.",
                 "",
             ]
+    lines += _profile_lines(results, sizes)
     lines += _worker_lines(results, sizes)
     lines += ["## Server memory", ""]
     for size in sizes:
@@ -318,6 +319,52 @@ def _markdown(results: dict[str, Any]) -> str:
     lines += [f"| {name} | {secs:.1f} |" for name, secs in results["steps_s"].items()]
     lines.append("")
     return "\n".join(lines)
+
+
+def _profile_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
+    """Where one create and one release spend their time, per stage, at each size (bench/profile.py)."""
+    from bench.profile import FRAMEWORK, STAGES
+
+    measured = [s for s in sizes if "profile" in results["sizes"][s]]
+    if not measured:
+        return []
+    lines = [
+        "## Where a create and a release spend their time",
+        "",
+        "One create (1 GPU, 1 hour, the main pool) then its release, in a row, through the real views in the",
+        "bench's process (Django's test client: middleware, routing, DRF's authentication, parser and renderer;",
+        "no socket, no gunicorn). Each stage is a product function timed where its caller looks it up, minus",
+        "the stages nested in it; every SQL statement is timed and counted to the stage running it. *share* is",
+        "the stage's mean over the request's mean; *framework (rest)* is what no stage accounts for.",
+        "",
+    ]
+    for size in measured:
+        profile = results["sizes"][size]["profile"]
+        lines += [
+            f"{int(size):,} nodes, p50 of {profile['samples']}:",
+            "",
+            "| stage | create share | create p50 ms | SQL ms | statements"
+            " | release share | release p50 ms | SQL ms | statements |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for stage in (*STAGES, FRAMEWORK):
+            cells = []
+            for op in ("create", "release"):
+                row = profile[op]["stages"][stage]
+                if row["calls"] == 0 and stage != FRAMEWORK:
+                    cells.append(" | | |")
+                else:
+                    cells.append(
+                        f"{row['share']:.1%} | {row['p50_ms']:.2f} | {row['sql_p50_ms']:.2f} | {row['statements']:g}"
+                    )
+            lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+        create, release = profile["create"], profile["release"]
+        lines += [
+            f"| **whole request** | 100% | {create['p50_ms']:.2f} | | {create['statements']:g}"
+            f" | 100% | {release['p50_ms']:.2f} | | {release['statements']:g} |",
+            "",
+        ]
+    return lines
 
 
 def _worker_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:

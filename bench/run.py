@@ -7,8 +7,10 @@ node: one million at 10,000 nodes), rebuilds the rollups, and starts gunicorn
 against it. It then measures the capacity reads and previews at both sizes,
 and at the large size the create + release throughput through HTTP next to
 its SQL floor, the rebuild and the timeline, the gunicorn workers' peak
-memory, and the worker process's cost (`bench/worker.py`: a pass of every job,
-CPU per minute idle and with the fleet's bookings).
+memory, where one create and one release spend their time at each size
+(`bench/profile.py`: per stage, through the real views), and the worker
+process's cost (`bench/worker.py`: a pass of every job, CPU per minute idle
+and with the fleet's bookings).
 
 Everything lands in `docs/benchmarks/results.json`, the charts in
 `docs/benchmarks/*.png` and the page `docs/benchmarks.md`.
@@ -307,6 +309,17 @@ def _throughput(
     return out
 
 
+def _profile(*, tokens: dict[str, str], pools: dict[str, Any], clock: Clock, nodes: int) -> dict[str, Any]:
+    """Where one create and one release in the main pool spend their time, per stage (`bench/profile.py`)."""
+    from bench.profile import SAMPLES, print_profile, profile_run
+
+    tenant, pool_id = pools["main"]
+    with clock.step(f"{nodes} nodes: profile of create + release x{SAMPLES}"):
+        profile = profile_run(token=tokens[tenant], tenant_id=tenant, pool_id=pool_id, samples=SAMPLES)
+    print_profile(profile, title=f"{nodes:,} nodes: where one create and one release spend their time")
+    return profile
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
@@ -368,6 +381,9 @@ def main(argv: list[str] | None = None) -> None:
         }
         with Gunicorn(database_url=server.url(BENCH_DB), log_path=log_path) as gunicorn:
             size["reads"] = _reads(port=gunicorn.port, tokens=tokens, pools=pools, clock=clock, nodes=nodes)
+            # In this process (the server idle), before the throughput runs churn the tables: every
+            # size is profiled on its freshly filled fleet.
+            size["profile"] = _profile(tokens=tokens, pools=pools, clock=clock, nodes=nodes)
             if nodes == max(sizes):
                 size["throughput"] = _throughput(
                     server_info=server,

@@ -1,0 +1,109 @@
+"""The bench's per-stage profile: every stage of a create and a release is seen, and they fit in the request.
+
+Run on a one-node pool through the real views; no timing thresholds, only
+that the profile accounts for the request's time without counting any of it
+twice, and that its seams still name the product's functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from bench.profile import FRAMEWORK, SEAMS, STAGES, Profiler, profile_run, profiling
+from core.authentication import BearerTokenAuthentication
+from core.services import token_issue
+from inventory.models import Pool
+from reservations import services
+from tests.support.placement import make_node
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SAMPLES = 5
+
+# The stages each operation must pass through (the other stages belong to the other operation).
+CREATE_STAGES = (
+    "authentication",
+    "parsing",
+    "decision",
+    "rate limit",
+    "idempotency",
+    "planning",
+    "commit: bookings",
+    "commit: charge",
+    "commit: transaction",
+    "delivery",
+    "serialization",
+)
+RELEASE_STAGES = (
+    "authentication",
+    "parsing",
+    "decision",
+    "rate limit",
+    "commit: bookings",
+    "commit: transaction",
+    "delivery",
+    "read back",
+    "serialization",
+)
+
+
+@pytest.fixture(autouse=True)
+def fresh_node_records() -> None:
+    """The fake daemon's tables have no model, so a flush between tests leaves them: start empty."""
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE fake_daemon_assignments, fake_daemon_claims")
+
+
+@pytest.fixture
+def profile(owned_pool: Pool) -> dict[str, Any]:
+    make_node(owned_pool, gpus=2)
+    _, token = token_issue(tenant_id=owned_pool.owner_id, role="member", name="profile")
+    return profile_run(
+        token=token, tenant_id=owned_pool.owner_id, pool_id=owned_pool.pk, samples=SAMPLES, warmup=1
+    )
+
+
+@pytest.mark.parametrize(("operation", "expected"), [("create", CREATE_STAGES), ("release", RELEASE_STAGES)])
+def test_every_stage_of_the_request_is_measured(
+    profile: dict[str, Any], operation: str, expected: tuple[str, ...]
+) -> None:
+    measured = profile[operation]
+    assert profile["samples"] == SAMPLES and measured["n"] == SAMPLES
+    assert set(measured["stages"]) == {*STAGES, FRAMEWORK}
+    seen = {stage for stage, row in measured["stages"].items() if row["calls"] > 0}
+    assert seen >= set(expected)
+    # Every statement of the request is counted once, to one stage.
+    assert measured["statements"] == pytest.approx(sum(r["statements"] for r in measured["stages"].values()))
+    for stage in ("authentication", "rate limit", "commit: transaction"):
+        assert measured["stages"][stage]["statements"] >= 1, stage
+
+
+@pytest.mark.parametrize("operation", ["create", "release"])
+def test_the_stages_add_up_to_no_more_than_the_request(profile: dict[str, Any], operation: str) -> None:
+    measured = profile[operation]
+    # Per request, the stages' own times never sum past the request's time.
+    assert measured["stages_over_request_ms"] <= 0
+    own = sum(measured["stages"][stage]["mean_ms"] for stage in STAGES)
+    # Rounded to the microsecond, stage by stage.
+    assert own <= measured["mean_ms"] + 0.001 * len(STAGES)
+    assert measured["stages"][FRAMEWORK]["mean_ms"] >= 0
+
+
+def test_the_profile_puts_every_seam_back(owned_pool: Pool) -> None:
+    before = (
+        BearerTokenAuthentication.__dict__["authenticate"],
+        services._create_once,
+        services._release_once,
+    )
+    with profiling(Profiler()):
+        assert services._create_once is not before[1]
+    after = (
+        BearerTokenAuthentication.__dict__["authenticate"],
+        services._create_once,
+        services._release_once,
+    )
+    assert after == before
+    assert len({stage for _, _, stage in SEAMS}) == len(STAGES)
