@@ -3,6 +3,11 @@
 An option is one node (a plain request) or `gang.size` nodes sharing one
 value of the gang's topology label. Each member names the atoms it would
 book. `capacity.preview` shows a plan; `commit.placement_commit` walks one.
+
+Equal scores (and equally good atoms on a node) are ordered by a salt drawn
+per plan, so concurrent plans of one request shape in one pool spread over
+the equally good nodes instead of colliding on the lowest node id; a preview
+may therefore name a different one of them than the create then books.
 """
 
 from __future__ import annotations
@@ -38,17 +43,17 @@ from reservations.request_types import ReservationRequest
 SHORTLIST_SIZE = 10
 
 
-def tie_salt() -> str:
+def tie_salt() -> int:
     """A fresh salt for one plan's tie-break: concurrent plans then order equal scores differently."""
-    return secrets.token_hex(4)
+    return secrets.randbelow(2**63)
 
 
 def _tie_sql(column: str, salt: str) -> str:
-    """An order among equal scores that is random per salt and fixed within one query."""
-    return f"hashtext({column} || {salt}), {column}"
+    """An order among equal scores that is random per salt and fixed within one query (a seeded hash)."""
+    return f"hashtextextended({column}, {salt}), {column}"
 
 
-def _tie(value: Any, salt: str) -> bytes:
+def _tie(value: Any, salt: int) -> bytes:
     """The Python side of the same idea, for atoms: a per-plan random but stable order."""
     return hashlib.blake2b(f"{salt}:{value}".encode(), digest_size=8).digest()
 
@@ -122,7 +127,7 @@ def displaced_window(*, window: Window, notice_seconds: int) -> Window:
 
 
 def _choose_item_atoms(
-    rows: list[dict[str, Any]], count: int, nvlink_all: bool, salt: str = ""
+    rows: list[dict[str, Any]], count: int, nvlink_all: bool, salt: int
 ) -> list[dict[str, Any]] | None:
     """Pick `count` atoms on one node: one NVLink domain if asked, one NUMA node when possible.
 
@@ -172,7 +177,7 @@ def _member(
     score: float,
     rows: list[dict[str, Any]],
     whole: list[dict[str, Any]],
-    salt: str = "",
+    salt: int,
 ) -> Member | None:
     taken: set[int] = set()
     chosen: list[dict[str, Any]] = []
@@ -204,7 +209,7 @@ def placement_plan(
     displace: bool = False,
     exclude_node_ids: tuple[str, ...] = (),
     limit: int = SHORTLIST_SIZE,
-    salt: str | None = None,
+    salt: int | None = None,
 ) -> Plan:
     """The best `limit` options for `request` in `window`, best first; a reason when there are none.
 
@@ -229,7 +234,7 @@ def placement_plan(
         request=request, window=window, q=q, displace=displace, exclude_node_ids=exclude_node_ids
     )
     salt = tie_salt() if salt is None else salt
-    salt_expr = q.p(salt, "text")
+    salt_expr = q.p(salt, "bigint")
     scored = f"scored AS (SELECT f.*, {score_sql()} AS score FROM ({features_sql(request=request, q=q)}) f)"
     if request.gang_size:
         key = q.p(gang_key(request))

@@ -16,6 +16,10 @@ the pool.
 * **spot displacement** (weight 10): `100 * (1 - displaced / wanted)`, where
   `displaced` is how many atoms would be taken from spot reservations; 100 when
   nothing is displaced (always, outside displace mode).
+
+Scores are rounded to two decimals, so many nodes tie; the plan orders equal
+scores by a hash seeded per plan (`plan.placement_plan`), never by node id,
+so concurrent plans for one request shape do not all try the same node first.
 """
 
 from __future__ import annotations
