@@ -1,18 +1,16 @@
-"""The admin's plain records of the inventory: projects, offerings, taints, node resources, devices.
+"""The admin's plain records of the inventory: projects, offerings, taints, devices.
 
-The operator consoles for nodes and pools (actions, buckets, timelines) are in
-`capacity.admin`, the layer that sees bookings and rollups too.
+The operator consoles for nodes and pools (actions, buckets, timelines) and
+node resources (whose edits move the rollups) are in `capacity.admin`, the
+layer that sees bookings and rollups too.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
 from core.admin import ReadOnlyAdmin
-from inventory.models import Device, NodeResource, Offering, Project, Taint
+from inventory.models import Device, Offering, Project, Taint
 
 # --- simple records -------------------------------------------------------------------------
 
@@ -44,26 +42,6 @@ class TaintAdmin(ReadOnlyAdmin):
     list_filter = ("effect",)
     list_select_related = ("node",)
     search_fields = ("node__hostname", "key", "value", "reason")
-
-
-@admin.register(NodeResource)
-class NodeResourceAdmin(admin.ModelAdmin):
-    list_display = ("node", "resource", "allocated", "allocatable", "ratio", "capacity")
-    list_filter = ("resource",)
-    list_select_related = ("node",)
-    search_fields = ("node__hostname",)
-    # `allocated` moves only through the guarded UPDATE of guard 3.
-    readonly_fields = ("node", "resource", "allocated")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    @admin.display(description="floor(allocatable * ratio)")
-    def capacity(self, obj: NodeResource) -> int:
-        return int(obj.allocatable * obj.ratio)
 
 
 @admin.register(Device)

@@ -3,6 +3,6 @@
 Django's autodiscovery imports this package; each module registers its admins.
 """
 
-from capacity.admin import consoles, counters
+from capacity.admin import consoles, counters, resources
 
-__all__ = ["consoles", "counters"]
+__all__ = ["consoles", "counters", "resources"]

@@ -327,3 +327,38 @@ def test_timeline_chart_draws_one_column_per_bucket_with_its_numbers() -> None:
     assert ": 3 booked</title>" in svg and ": 5 free</title>" in svg
     assert "allocatable 8" in svg
     assert "booked GPUs (hatched)" in svg and "free GPUs (dotted)" in svg
+
+
+def test_editing_a_node_resource_moves_the_pools_scalar_capacity_at_once(
+    operator: Client, owned_pool: Pool
+) -> None:
+    from capacity.rollups import rollup_rebuild, rollup_recount
+    from tests.support.placement import make_node
+
+    node = make_node(owned_pool, resources={"vcpu": 100})
+    rollup_rebuild(pool_id=owned_pool.pk)
+    vcpu = PoolCapacityRollup.objects.get(pool=owned_pool, resource="vcpu")
+    assert vcpu.allocatable == 100
+    # As an operator does it: the list, the row's link, the form.
+    listing = operator.get(reverse("admin:inventory_noderesource_changelist"), {"q": node.hostname})
+    (row_link,) = [
+        link
+        for link in links_in(listing.content.decode())
+        if "/admin/inventory/noderesource/" in link and "/change/" in link
+    ]
+    page = operator.get(row_link)
+    assert page.status_code == 200
+    saved = operator.post(row_link, {"allocatable": 100, "ratio": "1.5"})
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    # No rebuild ran: the save moved the pool's vcpu in its own transaction.
+    vcpu.refresh_from_db()
+    assert vcpu.allocatable == 150
+    assert rollup_recount(pool_ids=[owned_pool.pk])[(owned_pool.pk, "vcpu")]["allocatable"] == 150
+    event = AuditEvent.objects.get(action="node.resource", subject_id=node.pk)
+    assert event.data["ratio"] == 1.5 and event.actor.startswith("admin:")
+
+
+def links_in(page: str) -> list[str]:
+    import re
+
+    return re.findall(r'href="([^"]+)"', page)
