@@ -256,6 +256,12 @@ def pool_rows(out: Console, answer: dict[str, Any], *, name: str | None = None) 
         out.print(Text("No capacity rows yet (the rollup has not counted this pool).", style="dim"))
         return
     out.print(rollup_legend())
+    at_risk = answer.get("atRiskReservations")
+    if at_risk:
+        noun = "reservation is" if at_risk == 1 else "reservations are"
+        out.print(
+            Text(f"{at_risk} {noun} at risk in this pool (booked on nodes that left service)", style="red")
+        )
     times = sorted({row["updatedAt"] for row in answer["rows"] if row.get("updatedAt") is not None})
     if times:
         counted = local_time(times[0])
@@ -340,6 +346,12 @@ def reservation(out: Console, r: dict[str, Any], *, title: str = "Reservation") 
                 f"given {local_time(notice.get('at'))}, ends {local_time(notice.get('endsAt'))}",
                 style="red",
             ),
+        )
+    risk = r.get("atRisk")
+    if risk:
+        grid.add_row(
+            "at risk",
+            Text(f"since {local_time(risk.get('since'))}: {risk.get('reason', '')}", style="red"),
         )
     out.print(grid)
     allocations = r.get("allocations") or []

@@ -364,3 +364,29 @@ def test_ids_and_numbers_are_never_cut_on_a_narrow_terminal(width: int) -> None:
         for number in ("123456", "120000", "40000", "20000", "60000", "3456"):
             assert number in text
         assert "…" not in text
+
+
+def test_an_at_risk_reservation_and_pool_say_so() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=160, color_system=None)
+    reservation = {
+        "id": "rsv_1",
+        "state": "scheduled",
+        "tenantId": "acme",
+        "poolId": "pool_1",
+        "atRisk": {"reason": "node gpu-a-001 is cordoned: xid 79; no other placement fits", "since": 0},
+        "allocations": [],
+    }
+    render.reservation(console, reservation)
+    render.pool_rows(console, {"poolId": "pool_1", "rows": [], "atRiskReservations": 0})
+    text = out.getvalue()
+    assert "at risk" in text and "node gpu-a-001 is cordoned: xid 79" in text
+    row = {
+        "resource": "gpu",
+        **{k: 1 for k in ("total", "allocatable", "allocated", "reserved", "available")},
+        **{k: 0 for k in ("provisioning", "unhealthy", "maintenance", "unreachable")},
+        "updatedAt": 0,
+    }
+    out.truncate(0)
+    render.pool_rows(console, {"poolId": "pool_1", "rows": [row], "atRiskReservations": 2})
+    assert "2 reservations are at risk in this pool" in out.getvalue()
