@@ -44,7 +44,9 @@ def test_capacity_command_prints_the_api_json_and_tables() -> None:
 
     out = io.StringIO()
     call_command("capacity", "--tenant", "acme", "--pool", pool.id, "--json", stdout=out)
-    assert json.loads(out.getvalue()) == {"poolId": pool.id, "rows": rollup_rows(pool_id=pool.id)}
+    # Exactly what `capacity/byPool` answers, the at-risk count included.
+    answer = json.loads(out.getvalue())
+    assert answer == {"poolId": pool.id, "rows": rollup_rows(pool_id=pool.id), "atRiskReservations": 0}
 
     out = io.StringIO()
     call_command("capacity", "--tenant", "acme", stdout=out)

@@ -26,6 +26,7 @@ from reservations.daemon import daemon_holdings
 from reservations.models import Allocation, DeviceBooking, Reservation
 from reservations.repair import bookings_repair, repair_candidates
 from tests.support.api import post_json
+from tests.support.commands import run_command
 from tests.support.factories import QuotaUsageFactory
 from tests.support.placement import make_node
 from tests.support.threads import workers_race
@@ -213,6 +214,9 @@ def test_a_running_reservation_on_a_gpu_that_turns_unhealthy_is_at_risk_until_th
     risk = get(owner_client, "acme", running["id"])["atRisk"]
     assert risk["reason"] == f"GPU {uid} is unhealthy; it is running and cannot move"
     assert at_risk_count(owner_client, "acme", owned_pool) == 1
+    # The operators' CLI says so under the pool's rows.
+    printed = run_command("capacity", "--tenant", "acme", "--pool", owned_pool.id)
+    assert "1 reservation is at risk in this pool" in printed
     assert_rollups_equal_a_rebuild(owned_pool)
     assert check_repaired() == []
     event = AuditEvent.objects.get(action="reservation.at-risk", subject_id=running["id"])

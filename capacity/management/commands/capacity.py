@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from capacity.preview_cli import preview_command
-from capacity.selectors import capacity_summary, rollup_rows
+from capacity.selectors import capacity_summary, pool_capacity
 from core.models import Tenant
 from inventory.access import visible_pools
 from inventory.schedulability import BUCKETS
@@ -53,7 +53,7 @@ class Command(BaseCommand):
         if pool_id:
             if not visible_pools(tenant_id=tenant_id).filter(pk=pool_id).exists():
                 raise CommandError(f"pool {pool_id} not found for tenant {tenant_id}")
-            answer: dict[str, Any] = {"poolId": pool_id, "rows": rollup_rows(pool_id=pool_id)}
+            answer: dict[str, Any] = pool_capacity(pool_id=pool_id)
             if as_json:
                 self.stdout.write(json.dumps(answer, indent=2))
             else:
@@ -108,6 +108,10 @@ class Command(BaseCommand):
         gpu = next((row for row in answer["rows"] if row["resource"] == "gpu"), None)
         if gpu is not None and self.stdout.isatty():
             out.append(_bar(gpu))
+        at_risk = answer.get("atRiskReservations", 0)
+        if at_risk:
+            noun = "reservation is" if at_risk == 1 else "reservations are"
+            out.append(f"[red]{at_risk} {noun} at risk in this pool (booked on nodes out of service)[/red]")
         self._emit(*out)
 
     def _print_summary(self, summary: dict[str, Any]) -> None:
