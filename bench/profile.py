@@ -65,7 +65,7 @@ SEAMS: tuple[tuple[str, str, str], ...] = (
     ("reservations.services", "placement_charge", "commit: charge"),
     ("reservations.services", "_create_once", "commit: transaction"),
     ("reservations.services", "_release_once", "commit: transaction"),
-    ("reservations.services", "outbox_deliver_reservation", "delivery"),
+    ("reservations.outbox", "outbox_deliver_reservation", "delivery"),
     ("reservations.api.views", "reservation_get", "read back"),
     ("reservations.api.views", "reservation_payload", "serialization"),
     ("core.api", "EscapedJSONRenderer.render", "serialization"),

@@ -62,6 +62,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Nodes are told about a create or a release after its response has gone out.
+    "reservations.outbox.DeliverAfterResponse",
 ]
 
 ROOT_URLCONF = "config.urls"

@@ -34,10 +34,15 @@ commit as the node's record changes.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from datetime import datetime
 
 from django.conf import settings
+from django.core.signals import request_finished
 from django.db import connection, transaction
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 
 from core.constants import WORKER_CHANNEL
 from reservations.models import DeliveryKind
@@ -86,7 +91,58 @@ def delivery_enqueue(*, reservation_id: str, kind: str) -> None:
             " SELECT pg_notify(%(channel)s, to_json(next_attempt_at) #>> '{}') FROM delivery",
             {**delivery_params(), "id": reservation_id, "channel": WORKER_CHANNEL},
         )
-    transaction.on_commit(lambda: outbox_deliver_reservation(reservation_id=reservation_id))
+    deliver_after_commit(reservation_id=reservation_id)
+
+
+# Deliveries held back until the HTTP response has gone out (`DeliverAfterResponse`),
+# per thread: each of a server's threads serves one request at a time.
+_after_response = threading.local()
+
+
+def deliver_after_commit(*, reservation_id: str) -> None:
+    """Deliver the reservation's outbox rows once the caller's transaction commits.
+
+    Inside an HTTP request the delivery waits until the response has been
+    written (the client waits for nothing but its transaction); anywhere else
+    (the worker, the CLI, a test calling the service) it runs at commit. If the
+    process dies first, the row is still in the outbox and the worker sends it.
+    """
+    transaction.on_commit(lambda: _deliver_or_hold(reservation_id))
+
+
+def _deliver_or_hold(reservation_id: str) -> None:
+    held: list[str] | None = getattr(_after_response, "held", None)
+    if held is None:
+        outbox_deliver_reservation(reservation_id=reservation_id)
+    elif reservation_id not in held:
+        held.append(reservation_id)
+
+
+def _deliver_held(**_: object) -> None:
+    """`request_finished`: the server has written the response; send what the request held back."""
+    held: list[str] | None = getattr(_after_response, "held", None)
+    _after_response.held = None
+    for reservation_id in held or ():
+        outbox_deliver_reservation(reservation_id=reservation_id)
+
+
+request_finished.connect(_deliver_held, dispatch_uid="reservations.outbox.deliver_held")
+
+
+class DeliverAfterResponse:
+    """Middleware: deliveries committed by a request are sent after its response, not before.
+
+    A WSGI server sends `request_finished` when it closes the response, after
+    writing it to the client; the deliveries the request committed run then,
+    on the same thread.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        _after_response.held = []
+        return self.get_response(request)
 
 
 def _send(*, reservation_id: str, kind: str) -> None:

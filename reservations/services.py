@@ -41,11 +41,11 @@ from inventory.models import Pool
 from reservations.daemon import daemon_behind, daemon_deliver, daemon_shorten
 from reservations.models import DeliveryKind, Reservation
 from reservations.outbox import (
+    deliver_after_commit,
     delivery_enqueue,
     delivery_params,
     enqueue_sql,
     outbox_deliver_due,
-    outbox_deliver_reservation,
 )
 from reservations.placer.commit import placement_charge, placement_commit, reservation_cut
 from reservations.placer.plan import placement_window
@@ -202,12 +202,9 @@ def _create_once(*, request: ReservationRequest, digest: str, actor: str, pool: 
         for spot_id in placement.displaced_reservations:
             delivery_enqueue(reservation_id=spot_id, kind=DeliveryKind.SHORTEN)
 
-        def deliver() -> None:
-            # The booking is committed; a node that cannot be told now is told by the
-            # worker from the outbox: it must not turn a made reservation into an error.
-            outbox_deliver_reservation(reservation_id=reservation_id)
-
-        transaction.on_commit(deliver)
+        # Once committed (after the response, inside a request); a node that cannot be told
+        # then is told by the worker from the outbox: it never turns a made reservation into an error.
+        deliver_after_commit(reservation_id=reservation_id)
     return ReservationCreated(reservation=reservation, created=True, allocations=allocations)
 
 
@@ -345,7 +342,7 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
             data={"tenantId": locked.tenant_id, "poolId": locked.pool_id},
         )
         released_id = locked.pk
-        transaction.on_commit(lambda: outbox_deliver_reservation(reservation_id=released_id))
+        deliver_after_commit(reservation_id=released_id)
     return locked
 
 

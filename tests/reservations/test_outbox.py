@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 from core.clock import compute_now, set_clock_offset
 from core.constants import WORKER_CHANNEL
 from inventory.models import Node, Pool
-from reservations import services
+from reservations import outbox, services
 from reservations.daemon import daemon_claims, daemon_holdings
 from reservations.models import Delivery, Reservation
 from reservations.outbox import MAX_RETRY_SECONDS, outbox_deliver_due, outbox_next_attempt
@@ -198,7 +198,7 @@ def test_a_delivery_that_never_ran_after_commit_is_delivered_from_the_outbox(
     owned_pool: Pool, node: Node, monkeypatch: pytest.MonkeyPatch, clock: Callable[[timedelta], None]
 ) -> None:
     # The process died between its commit and the node: the on-commit delivery never ran.
-    monkeypatch.setattr(services, "outbox_deliver_reservation", lambda **_: 0)
+    monkeypatch.setattr(outbox, "outbox_deliver_reservation", lambda **_: 0)
     reservation, _ = reservation_create(request=gpu_request(owned_pool, 2, resources={"vcpu": 4}), actor="t")
     assert holders(node) == {} and Delivery.objects.get().kind == "assign"
     clock(timedelta(seconds=3))
@@ -212,7 +212,6 @@ def test_a_delivery_that_never_ran_after_commit_is_delivered_from_the_outbox(
 def test_an_on_commit_delivery_that_raises_leaves_the_row_for_the_worker(
     owned_pool: Pool, node: Node, monkeypatch: pytest.MonkeyPatch, clock: Callable[[timedelta], None]
 ) -> None:
-    from reservations import outbox
 
     def broken(**_: Any) -> None:
         raise RuntimeError("the delivery code itself failed")
@@ -231,14 +230,14 @@ import os, signal, sys
 import django
 django.setup()
 from inventory.models import Pool
-from reservations import services
+from reservations import outbox, services
 from tests.support.placement import gpu_request
 
 def die(**_):
     # After COMMIT, before the node is told: the process is killed.
     os.kill(os.getpid(), signal.SIGKILL)
 
-services.outbox_deliver_reservation = die
+outbox.outbox_deliver_reservation = die
 pool = Pool.objects.get(pk=sys.argv[1])
 services.reservation_create(request=gpu_request(pool, 2, idempotency_key="killed"), actor="child")
 """
@@ -292,7 +291,7 @@ def test_a_reservations_rows_are_delivered_in_order_assign_before_shorten(
 def test_two_workers_never_deliver_one_reservation_at_once(
     owned_pool: Pool, node: Node, monkeypatch: pytest.MonkeyPatch, clock: Callable[[timedelta], None]
 ) -> None:
-    monkeypatch.setattr(services, "outbox_deliver_reservation", lambda **_: 0)
+    monkeypatch.setattr(outbox, "outbox_deliver_reservation", lambda **_: 0)
     first, _ = reservation_create(request=gpu_request(owned_pool, 1), actor="t")
     second, _ = reservation_create(request=gpu_request(owned_pool, 1), actor="t")
     monkeypatch.undo()
@@ -356,3 +355,46 @@ def test_claims_of_a_release_the_node_has_not_heard_of_yet_do_not_refuse_the_nex
     assert Reservation.objects.get(pk=second.pk).state == "active"
     # The node brought its record of the first up to date before it accepted the second.
     assert daemon_claims(reservation_id=first.pk)[0].ends_at <= compute_now()
+
+
+def test_over_http_the_node_is_told_after_the_response_has_gone_out(
+    owned_pool: Pool, node: Node, monkeypatch: pytest.MonkeyPatch, live_server: Any
+) -> None:
+    import requests
+
+    from core.services import token_issue
+
+    sent = outbox.outbox_deliver_reservation
+    delivering = threading.Event()
+    may_deliver = threading.Event()
+    delivered: list[str] = []
+
+    def held_up(*, reservation_id: str) -> int:
+        # The server's thread is here, telling the node, while the client already has its answer.
+        delivering.set()
+        assert may_deliver.wait(JOIN_SECONDS)
+        count = sent(reservation_id=reservation_id)
+        delivered.append(reservation_id)
+        return count
+
+    monkeypatch.setattr(outbox, "outbox_deliver_reservation", held_up)
+    _, token = token_issue(tenant_id=owned_pool.owner_id, role="member")
+    response = requests.post(
+        f"{live_server.url}/api/compute/reservations/create",
+        json=reservation_body(owned_pool, owned_pool.owner_id, "after-response"),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=JOIN_SECONDS,
+    )
+    # The answer arrived while the delivery had not finished (it cannot, until we let it).
+    assert response.status_code == 201, response.text
+    assert delivered == []
+    assert delivering.wait(JOIN_SECONDS)
+    may_deliver.set()
+    deadline = threading.Event()
+    for _ in range(int(JOIN_SECONDS / 0.05)):
+        if delivered:
+            break
+        deadline.wait(0.05)
+    assert delivered == [response.json()["id"]]
+    assert len(holders(node)) == 2
+    assert not Delivery.objects.exists()
