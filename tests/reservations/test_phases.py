@@ -30,6 +30,11 @@ from tests.support.records import book, snapshot, snapshot_after_rebuild
 from tests.support.threads import JOIN_SECONDS, Worker, wait_until_blocked_on_lock, workers_race
 
 
+def gpu_counts(allocatable: int, allocated: int, reserved: int, available: int) -> dict[str, int]:
+    """The `gpu` row's counts as `gpu_row` answers them."""
+    return {"allocatable": allocatable, "allocated": allocated, "reserved": reserved, "available": available}
+
+
 @pytest.fixture
 def clock() -> Iterator[Callable[[timedelta], None]]:
     """Moves this connection's clock; put back when the test ends (the connection outlives it)."""
@@ -67,12 +72,7 @@ def test_a_future_booking_is_reserved_then_allocated_then_gone_each_after_bookin
     created = post(owner_client, "reservations/create", body)
     assert created.status_code == 201, created.json()
     reservation = Reservation.objects.get(pk=created.json()["id"])
-    assert gpu_row(owner_client, owned_pool) == {
-        "allocatable": 8,
-        "allocated": 0,
-        "reserved": 2,
-        "available": 6,
-    }
+    assert gpu_row(owner_client, owned_pool) == gpu_counts(8, 0, 2, 6)
     assert phases(owned_pool) == [BookingPhase.FUTURE] * 2
     assert bookings_next_boundary() == reservation.starts_at
     assert bookings_advance() == 0
@@ -84,12 +84,7 @@ def test_a_future_booking_is_reserved_then_allocated_then_gone_each_after_bookin
     assert matches_a_recount(owned_pool)  # the rows and the phases agree even while behind the clock
     # ...which moves both bookings from reserved to allocated, once.
     assert bookings_advance() == 2
-    assert gpu_row(owner_client, owned_pool) == {
-        "allocatable": 8,
-        "allocated": 2,
-        "reserved": 0,
-        "available": 6,
-    }
+    assert gpu_row(owner_client, owned_pool) == gpu_counts(8, 2, 0, 6)
     assert phases(owned_pool) == [BookingPhase.RUNNING] * 2
     assert bookings_advance() == 0
     assert bookings_next_boundary() == reservation.ends_at
@@ -100,12 +95,7 @@ def test_a_future_booking_is_reserved_then_allocated_then_gone_each_after_bookin
     assert gpu_row(owner_client, owned_pool)["allocated"] == 2
     assert matches_a_recount(owned_pool)
     assert bookings_advance() == 2
-    assert gpu_row(owner_client, owned_pool) == {
-        "allocatable": 8,
-        "allocated": 0,
-        "reserved": 0,
-        "available": 8,
-    }
+    assert gpu_row(owner_client, owned_pool) == gpu_counts(8, 0, 0, 8)
     assert phases(owned_pool) == [BookingPhase.OVER] * 2
     assert bookings_next_boundary() is None
     assert snapshot([owned_pool.id]) == snapshot_after_rebuild(owned_pool)
@@ -122,12 +112,7 @@ def test_a_booking_whose_whole_window_passed_goes_straight_from_reserved_to_over
 
     assert bookings_advance() == 3
 
-    assert gpu_row(owner_client, owned_pool) == {
-        "allocatable": 8,
-        "allocated": 0,
-        "reserved": 0,
-        "available": 8,
-    }
+    assert gpu_row(owner_client, owned_pool) == gpu_counts(8, 0, 0, 8)
     assert phases(owned_pool) == [BookingPhase.OVER] * 3
     assert snapshot([owned_pool.id]) == snapshot_after_rebuild(owned_pool)
 
@@ -347,12 +332,7 @@ def test_a_reservation_that_runs_to_its_end_leaves_the_counts_once_whichever_run
         assert gpu_row(owner_client, owned_pool)["allocated"] == 2
         assert bookings_advance() == 2
 
-    assert gpu_row(owner_client, owned_pool) == {
-        "allocatable": 8,
-        "allocated": 0,
-        "reserved": 0,
-        "available": 8,
-    }
+    assert gpu_row(owner_client, owned_pool) == gpu_counts(8, 0, 0, 8)
     assert phases(owned_pool) == [BookingPhase.OVER] * 2
     assert snapshot([owned_pool.id]) == snapshot_after_rebuild(owned_pool)
 
@@ -372,22 +352,12 @@ def test_a_spot_notice_keeps_the_running_phase_until_the_notice_ends(
 
     # The spot keeps running until its notice ends; the regular one is booked from then on.
     assert Reservation.objects.get(pk=spot.json()["id"]).notice_at is not None
-    assert gpu_row(owner_client, owned_pool) == {
-        "allocatable": 2,
-        "allocated": 2,
-        "reserved": 2,
-        "available": 0,
-    }
+    assert gpu_row(owner_client, owned_pool) == gpu_counts(2, 2, 2, 0)
     assert sorted(phases(owned_pool)) == [BookingPhase.FUTURE] * 2 + [BookingPhase.RUNNING] * 2
     assert snapshot([owned_pool.id]) == snapshot_after_rebuild(owned_pool)
 
     clock(timedelta(minutes=11))
     assert bookings_advance() == 4
-    assert gpu_row(owner_client, owned_pool) == {
-        "allocatable": 2,
-        "allocated": 2,
-        "reserved": 0,
-        "available": 0,
-    }
+    assert gpu_row(owner_client, owned_pool) == gpu_counts(2, 2, 0, 0)
     assert phases(owned_pool) == [BookingPhase.RUNNING] * 2 + [BookingPhase.OVER] * 2
     assert snapshot([owned_pool.id]) == snapshot_after_rebuild(owned_pool)
