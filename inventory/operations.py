@@ -24,7 +24,7 @@ from django.db.models.functions import Now
 from core.errors import InvalidInput
 from core.services import audit_record
 from inventory.choices import Connectivity
-from inventory.models import Device, Node, Taint, TaintEffect
+from inventory.models import Device, Node, NodeResource, Taint, TaintEffect
 
 # Kubernetes-style keys (`gpu.example.com/xid-79`), so operators can reuse their names.
 TAINT_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?$")
@@ -210,3 +210,24 @@ def device_set_health(*, device: Device, healthy: bool, reason: str, actor: str)
             )
     device.refresh_from_db()
     return device
+
+
+def node_resource_save(*, resource: NodeResource, actor: str) -> NodeResource:
+    """Save an operator's capacity and overcommit ratio for one scalar of a node, audited.
+
+    `allocated` is not written here: it moves only through guard 3's guarded UPDATE.
+    """
+    with transaction.atomic():
+        resource.save(update_fields=["allocatable", "ratio"])
+        audit_record(
+            actor=actor,
+            action="node.resource",
+            subject_type="node",
+            subject_id=resource.node_id,
+            data={
+                "resource": resource.resource,
+                "allocatable": resource.allocatable,
+                "ratio": float(resource.ratio),
+            },
+        )
+    return resource

@@ -29,7 +29,7 @@ from django.db import connection, transaction
 
 from core.constants import WORKER_CHANNEL
 from inventory import operations
-from inventory.models import Device, Node
+from inventory.models import Device, Node, NodeResource
 from ledger.rollups import rollup_apply_count_deltas, rollup_rows_drop_unused
 from reservations.counts import COUNT_COLUMNS, NODES_COUNT_SQL
 from reservations.waits import notify_release
@@ -37,6 +37,7 @@ from reservations.waits import notify_release
 __all__ = [
     "device_set_health",
     "node_cordon",
+    "node_resource_save",
     "node_set_connectivity",
     "node_set_maintenance",
     "node_taint",
@@ -132,6 +133,12 @@ def nodes_changing(node_ids: Iterable[str]) -> Iterator[None]:
     finally:
         _covered.reset(token)
     _apply(before, nodes_contribution(ids))
+
+
+def node_resource_save(*, resource: NodeResource, actor: str) -> NodeResource:
+    """Save a scalar's capacity and ratio; the pool's scalar rollups move in the same transaction."""
+    with transaction.atomic(), nodes_changing([resource.node_id]):
+        return operations.node_resource_save(resource=resource, actor=actor)
 
 
 def node_cordon(*, node: Node, reason: str, actor: str) -> Node:

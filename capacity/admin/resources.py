@@ -1,7 +1,7 @@
 """Node resources in the admin: an operator sets a scalar's capacity and overcommit ratio here.
 
 An edit changes what the node adds to its pool's scalar rollups, so it is
-saved inside `reservations.node_events.nodes_changing`, like every other node
+saved through `reservations.node_events.node_resource_save`, like every other node
 change: the numbers move in the same transaction, and the change is audited.
 """
 
@@ -10,14 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db import transaction
 from django.forms import ModelForm
 from django.http import HttpRequest
 
 from core.admin import admin_actor
-from core.services import audit_record
 from inventory.models import NodeResource
-from reservations.node_events import nodes_changing
+from reservations.node_events import node_resource_save
 
 
 @admin.register(NodeResource)
@@ -40,12 +38,4 @@ class NodeResourceAdmin(admin.ModelAdmin):
         return int(obj.allocatable * obj.ratio)
 
     def save_model(self, request: HttpRequest, obj: NodeResource, form: ModelForm, change: bool) -> None:
-        with transaction.atomic(), nodes_changing([obj.node_id]):
-            super().save_model(request, obj, form, change)
-            audit_record(
-                actor=admin_actor(request),
-                action="node.resource",
-                subject_type="node",
-                subject_id=obj.node_id,
-                data={"resource": obj.resource, "allocatable": obj.allocatable, "ratio": float(obj.ratio)},
-            )
+        node_resource_save(resource=obj, actor=admin_actor(request))
