@@ -150,3 +150,17 @@ NODES_COUNT_SQL = counts_sql(selection="n.id = ANY(%(nodes)s::varchar[])", probe
 COUNTED_ATOM_SQL = f"(d.bookable AND d.healthy AND {bucket_sql('n', 'p.owner_id')} = '{SCHEDULABLE}')"
 # The same of a node (its scalars are counted): `n` and its pool `p`.
 COUNTED_NODE_SQL = f"({bucket_sql('n', 'p.owner_id')} = '{SCHEDULABLE}')"
+
+# The recount of `node_atom_counts` (kept by the triggers of migration 0007):
+# per node and atom class, its healthy bookable atoms and the RUNNING bookings
+# on them. Rows the table keeps at zero (every atom of a class gone) have no
+# recounted row; the comparison in the torture checks leaves them out.
+NODE_ATOM_COUNTS_SQL = """
+SELECT d.node_id, n.pool_id, d.device_class, count(*)::int AS atoms, COALESCE(sum(r.running), 0)::int
+  FROM inventory_device d
+  JOIN inventory_node n ON n.id = d.node_id
+  LEFT JOIN (SELECT b.device_id, count(*) AS running FROM device_bookings b
+              WHERE b.phase = 1 GROUP BY b.device_id) r ON r.device_id = d.id
+ WHERE d.bookable AND d.healthy
+ GROUP BY 1, 2, 3
+"""

@@ -6,7 +6,7 @@ from django.contrib.postgres.constraints import ExclusionConstraint
 from django.contrib.postgres.fields import DateTimeRangeField, RangeOperators
 from django.contrib.postgres.indexes import GistIndex
 from django.db import models
-from django.db.models import Func, Q
+from django.db.models import F, Func, Q
 from django.db.models.functions import Cast, Coalesce
 
 from core import ids
@@ -199,6 +199,41 @@ class DeviceBooking(models.Model):
 
     def __str__(self) -> str:
         return f"{self.device_id} {self.during}"
+
+
+class NodeAtomCount(models.Model):
+    """Per node and atom class: its healthy bookable atoms and the RUNNING bookings on them.
+
+    `free` (atoms minus running) is what the placer ranks a pool's nodes by
+    before it probes any booking, so planning reads a few index entries
+    instead of every atom of the pool (`reservations.placer.plan`). PostgreSQL
+    keeps the rows in the statement that inserts, moves or deletes a booking
+    or changes a device (the triggers of migration 0007), so no writer can
+    leave them behind; `reservations.counts.NODE_ATOM_COUNTS_SQL` is the
+    recount the torture checks compare them with. A booking whose end has
+    passed counts until the worker moves its phase (seconds): the count is a
+    hint for ranking, and every plan still checks the atoms it picks.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    node_id = models.CharField(max_length=57)
+    pool_id = models.CharField(max_length=57)
+    device_class = models.CharField(max_length=16)
+    atoms = models.IntegerField(default=0)
+    running = models.IntegerField(default=0)
+    free = models.GeneratedField(
+        expression=F("atoms") - F("running"), output_field=models.IntegerField(), db_persist=True
+    )
+
+    class Meta:
+        db_table = "node_atom_counts"
+        constraints = [
+            models.UniqueConstraint(fields=["node_id", "device_class"], name="node_atom_counts_unique")
+        ]
+        indexes = [models.Index(fields=["pool_id", "device_class", "free"], name="node_atom_counts_rank")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} {self.device_class} {self.free}/{self.atoms}"
 
 
 class WaitSlot(models.Model):

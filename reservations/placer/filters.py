@@ -158,19 +158,10 @@ def spot_booking_sql(*, device: str, window_expr: str) -> str:
     )
 
 
-def eligible_nodes_sql(
-    *,
-    request: ReservationRequest,
-    window_expr: str,
-    q: Params,
-    displace: bool,
-    exclude_node_ids: tuple[str, ...] = (),
-    only_node_ids: tuple[str, ...] = (),
-) -> str:
-    """SELECT of the pool's nodes that are schedulable, fit the scalars, and (whole-node) are wholly free.
-
-    `only_node_ids` narrows the scan to a shortlist (the atoms query of a plan).
-    """
+def node_filters_sql(
+    *, request: ReservationRequest, q: Params, exclude_node_ids: tuple[str, ...] = ()
+) -> list[str]:
+    """The node-level terms (over `n` and its pool `p`): the pool, schedulable, scalars fit, not excluded."""
     where = [
         f"n.pool_id = {q.p(request.pool_id)}",
         "p.archived_at IS NULL",
@@ -185,16 +176,76 @@ def eligible_nodes_sql(
             )
     if exclude_node_ids:
         where.append(f"n.id <> ALL({q.p(list(exclude_node_ids), 'text[]')})")
+    if request.gang_size:
+        where.append(f"n.labels ? {q.p(gang_key(request))}")
+    return where
+
+
+def candidates_sql(*, request: ReservationRequest, q: Params, salt_expr: str, nodes: int, groups: int) -> str:
+    """The CTE `candidates`: the nodes a plan starting now looks at, chosen from the kept counts alone.
+
+    `node_atom_counts` says how many healthy atoms of the first item's class
+    each node has free now (`free`), from an index, with no booking probed. A
+    plain request takes the `nodes` eligible nodes with the fewest free atoms
+    that still hold its count (bin packing, the strongest scorer), ties in the
+    plan's salted order; a gang takes, for the `groups` label values whose best
+    `gang.size` nodes are fullest, those nodes and two spares each. The plan
+    then checks the window, the selector and the scorers on these nodes only.
+    """
+    item = request.devices[0]
+    where = [
+        f"c.pool_id = {q.p(request.pool_id)}",
+        f"c.device_class = {q.p(item.device_class)}",
+        f"c.free >= {q.p(item.count, 'int')}",
+        *node_filters_sql(request=request, q=q),
+    ]
+    label = f", n.labels ->> {q.p(gang_key(request))} AS gv" if request.gang_size else ""
+    counted = (
+        f"SELECT c.node_id, c.free{label} FROM node_atom_counts c"
+        " JOIN inventory_node n ON n.id = c.node_id JOIN inventory_pool p ON p.id = n.pool_id"
+        f" WHERE {' AND '.join(where)}"
+    )
+    node_order = f"free, hashtextextended(node_id, {salt_expr}), node_id"
+    if not request.gang_size:
+        return f"candidates AS ({counted} ORDER BY {node_order} LIMIT {q.p(nodes, 'int')})"
+    size = q.p(request.gang_size, "int")
+    return (
+        f"counted AS ({counted}),\n"
+        f"ranked_counts AS (SELECT *, row_number() OVER (PARTITION BY gv ORDER BY {node_order}) AS rn"
+        " FROM counted),\n"
+        f"groups AS (SELECT gv FROM ranked_counts WHERE rn <= {size} GROUP BY gv HAVING count(*) >= {size}"
+        f" ORDER BY sum(free), hashtextextended(gv, {salt_expr}), gv LIMIT {q.p(groups, 'int')}),\n"
+        "candidates AS (SELECT r.node_id FROM ranked_counts r JOIN groups g ON g.gv = r.gv"
+        f" WHERE r.rn <= {size} + 2)"
+    )
+
+
+def eligible_nodes_sql(
+    *,
+    request: ReservationRequest,
+    window_expr: str,
+    q: Params,
+    displace: bool,
+    exclude_node_ids: tuple[str, ...] = (),
+    only_node_ids: tuple[str, ...] = (),
+    from_candidates: bool = False,
+) -> str:
+    """SELECT of the pool's nodes that are schedulable, fit the scalars, and (whole-node) are wholly free.
+
+    `only_node_ids` narrows the scan to a shortlist (the atoms query of a plan);
+    `from_candidates` to the CTE `candidates` (`candidates_sql`).
+    """
+    where = node_filters_sql(request=request, q=q, exclude_node_ids=exclude_node_ids)
     if only_node_ids:
         where.append(f"n.id = ANY({q.p(list(only_node_ids), 'text[]')})")
+    if from_candidates:
+        where.append("n.id IN (SELECT node_id FROM candidates)")
     if request.binding == "node":
         busy = blocking_booking_sql(device="wd", window_expr=window_expr, displace=displace)
         where.append(
             "NOT EXISTS (SELECT 1 FROM inventory_device wd WHERE wd.node_id = n.id AND wd.bookable"
             f" AND (NOT wd.healthy OR {busy}))"
         )
-    if request.gang_size:
-        where.append(f"n.labels ? {q.p(gang_key(request))}")
     return (
         "SELECT n.id, n.labels FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id"
         f" WHERE {' AND '.join(where)}"
@@ -274,10 +325,15 @@ def with_clause(
     displace: bool,
     exclude_node_ids: tuple[str, ...] = (),
     only_node_ids: tuple[str, ...] = (),
+    candidates: str = "",
 ) -> tuple[str, str]:
-    """The common table expressions of one plan, and the window expression they use."""
+    """The common table expressions of one plan, and the window expression they use.
+
+    `candidates` (from `candidates_sql`) narrows the plan to the nodes it names.
+    """
     window_expr = window_sql(window, q)
-    ctes = [
+    ctes = [*([candidates] if candidates else [])]
+    ctes += [
         "eligible AS ("
         + eligible_nodes_sql(
             request=request,
@@ -286,6 +342,7 @@ def with_clause(
             displace=displace,
             exclude_node_ids=exclude_node_ids,
             only_node_ids=only_node_ids,
+            from_candidates=bool(candidates),
         )
         + ")"
     ]

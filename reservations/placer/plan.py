@@ -27,6 +27,7 @@ from inventory.models import Pool
 from reservations.placer.filters import (
     Window,
     atoms_of_nodes_sql,
+    candidates_sql,
     features_sql,
     gang_key,
     item_topology,
@@ -41,6 +42,11 @@ from reservations.request import start_horizon_message, start_horizon_seconds
 from reservations.request_types import ReservationRequest
 
 SHORTLIST_SIZE = 10
+# How many nodes (plain requests) or label groups (gangs) the kept counts hand
+# the ranking query of a plan starting now; the rest of the pool is ranked only
+# when none of them fits.
+CANDIDATE_NODES = 4 * SHORTLIST_SIZE
+CANDIDATE_GROUPS = SHORTLIST_SIZE
 
 
 def tie_salt() -> int:
@@ -94,6 +100,8 @@ class Plan:
     options: list[Option] = field(default_factory=list)
     reason: Reason | None = None
     displace: bool = False
+    # What was ranked: "counts" (the candidates the kept counts named) or "pool".
+    scope: str = "pool"
 
     @property
     def fits(self) -> bool:
@@ -217,6 +225,11 @@ def placement_plan(
     unless given), so concurrent plans for the same shape in one pool try
     different nodes first instead of all racing for the lowest node id; a
     better score always comes first.
+
+    A request starting now is ranked among the candidates the kept per-node
+    counts name (`filters.candidates_sql`: a bounded number of the fullest
+    nodes that still hold it, read from an index), so its cost does not grow
+    with the pool; only when none of them fits is the whole pool ranked.
     """
     if displace:
         window = displaced_window(window=window, notice_seconds=pool.notice_seconds)
@@ -229,12 +242,110 @@ def placement_plan(
         plan.reason = Reason("SHARING_MISMATCH", mismatch)
         return plan
 
-    q = Params()
-    ctes, _ = with_clause(
-        request=request, window=window, q=q, displace=displace, exclude_node_ids=exclude_node_ids
-    )
     salt = tie_salt() if salt is None else salt
+    from_counts = _from_counts(request=request, window=window, displace=displace)
+    scopes = ("counts", "pool") if from_counts else ("pool",)
+    for scope in scopes:
+        # The candidates may hold nothing that fits (a selector they miss, counts
+        # a moment behind the clock): then the whole pool is ranked.
+        plan.scope = scope
+        ranked = _ranked(
+            request=request,
+            window=window,
+            displace=displace,
+            exclude_node_ids=exclude_node_ids,
+            limit=limit,
+            salt=salt,
+            from_counts=scope == "counts",
+        )
+        plan.options = _options(
+            request=request,
+            window=window,
+            displace=displace,
+            exclude_node_ids=exclude_node_ids,
+            ranked=ranked,
+            salt=salt,
+        )
+        if plan.options:
+            return plan
+    plan.reason = _no_fit_reason(request=request, displace=displace)
+    return plan
+
+
+def _options(
+    *,
+    request: ReservationRequest,
+    window: Window,
+    displace: bool,
+    exclude_node_ids: tuple[str, ...],
+    ranked: list[dict[str, Any]],
+    salt: int,
+) -> list[Option]:
+    """The ranked nodes (or groups) as options, each member with the atoms it would book."""
+    if not ranked:
+        return []
+    if request.gang_size:
+        groups = [(list(r["nodes"]), list(r["scores"]), float(r["score"])) for r in ranked]
+    else:
+        groups = [([r["node_id"]], [r["score"]], float(r["score"])) for r in ranked]
+    node_ids = sorted({node_id for nodes, _, _ in groups for node_id in nodes})
+    atoms_by_node = _atoms_for(
+        request=request,
+        window=window,
+        displace=displace,
+        node_ids=node_ids,
+        exclude_node_ids=exclude_node_ids,
+    )
+    options = []
+    for nodes, scores, group_score in groups:
+        members = []
+        for node_id, score in zip(nodes, scores, strict=True):
+            rows, whole = atoms_by_node.get(node_id, ([], []))
+            member = _member(request=request, node_id=node_id, score=score, rows=rows, whole=whole, salt=salt)
+            if member is None:
+                break
+            members.append(member)
+        else:
+            options.append(Option(members=tuple(members), score=group_score))
+    return options
+
+
+def _from_counts(*, request: ReservationRequest, window: Window, displace: bool) -> bool:
+    """Whether the kept counts can choose the candidates: a plain or gang request starting now.
+
+    The counts say what is free now, so a later start, a displacing plan (spot
+    bookings count as free there) and a whole-node lease (every class must be
+    free) rank the whole pool.
+    """
+    return window.start <= window.now and not displace and request.binding != "node"
+
+
+def _ranked(
+    *,
+    request: ReservationRequest,
+    window: Window,
+    displace: bool,
+    exclude_node_ids: tuple[str, ...],
+    limit: int,
+    salt: int,
+    from_counts: bool,
+) -> list[dict[str, Any]]:
+    """One query: the best `limit` nodes (or gang groups) by score, of the candidates or of the pool."""
+    q = Params()
     salt_expr = q.p(salt, "bigint")
+    candidates = ""
+    if from_counts:
+        candidates = candidates_sql(
+            request=request, q=q, salt_expr=salt_expr, nodes=CANDIDATE_NODES, groups=CANDIDATE_GROUPS
+        )
+    ctes, _ = with_clause(
+        request=request,
+        window=window,
+        q=q,
+        displace=displace,
+        exclude_node_ids=exclude_node_ids,
+        candidates=candidates,
+    )
     scored = f"scored AS (SELECT f.*, {score_sql()} AS score FROM ({features_sql(request=request, q=q)}) f)"
     if request.gang_size:
         key = q.p(gang_key(request))
@@ -259,36 +370,7 @@ def placement_plan(
         )
     with connection.cursor() as cursor:
         cursor.execute(sql, q.values)
-        ranked = row_dicts(cursor)
-    if not ranked:
-        plan.reason = _no_fit_reason(request=request, displace=displace)
-        return plan
-
-    if request.gang_size:
-        groups = [(list(r["nodes"]), list(r["scores"]), float(r["score"])) for r in ranked]
-    else:
-        groups = [([r["node_id"]], [r["score"]], float(r["score"])) for r in ranked]
-    node_ids = sorted({node_id for nodes, _, _ in groups for node_id in nodes})
-    atoms_by_node = _atoms_for(
-        request=request,
-        window=window,
-        displace=displace,
-        node_ids=node_ids,
-        exclude_node_ids=exclude_node_ids,
-    )
-    for nodes, scores, group_score in groups:
-        members = []
-        for node_id, score in zip(nodes, scores, strict=True):
-            rows, whole = atoms_by_node.get(node_id, ([], []))
-            member = _member(request=request, node_id=node_id, score=score, rows=rows, whole=whole, salt=salt)
-            if member is None:
-                break
-            members.append(member)
-        else:
-            plan.options.append(Option(members=tuple(members), score=group_score))
-    if not plan.options:
-        plan.reason = _no_fit_reason(request=request, displace=displace)
-    return plan
+        return row_dicts(cursor)
 
 
 def _atoms_for(

@@ -156,10 +156,10 @@ def bus(index: int) -> str:
     return f"00000000:{0x18 + index:02x}:00.0"
 
 
-def gpus_by_bus(pool: Pool, gpus: int, **resources: int) -> Node:
+def gpus_by_bus(pool: Pool, gpus: int, *, first_bus: int = 0, **resources: int) -> Node:
     """A node whose GPUs a request can name one by one (`pciBusId`), with scalar `resources`."""
     node = NodeFactory(pool=pool)
-    for index in range(gpus):
+    for index in range(first_bus, first_bus + gpus):
         DeviceFactory(
             node=node,
             uid=f"GPU-{node.id}-{index}",
@@ -388,12 +388,13 @@ def test_guard3_a_claim_that_waited_for_another_claims_row_lock_rechecks_the_lim
     first.start()
     wait_until_blocked_on_lock(first)
     assert "quota_usage" in waiting_statement(first)
-    # The second planned while the first's claim was invisible (0 of 10 vCPUs taken),
-    # booked the other GPU, and now waits for the first's node_resources row.
+    # The second planned while the first's claim was invisible (0 of 10 vCPUs taken)
+    # and now books the other GPU, which waits for the node's kept counts row (the
+    # first's booking insert updated it): its claim comes after the first commits.
     second = Worker(attempt(on_gpu(pool, 1, resources={"vcpu": 6})))
     second.start()
     wait_until_blocked_on_lock(second)
-    assert "inventory_noderesource" in waiting_statement(second)
+    assert "INSERT INTO device_bookings" in waiting_statement(second)
     open_gate.set()
     gate.join_ok()
     assert isinstance(first.finish(), ReservationCreated), first.error
@@ -527,7 +528,9 @@ def test_guard5_quota_is_never_exceeded_under_concurrency() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_guard5_a_charge_that_waited_for_another_charges_row_lock_rechecks_the_limit() -> None:
     pool = PoolFactory()
-    gpus_by_bus(pool, 2)
+    # One GPU on each of two nodes, so the two placements share no atom and no node.
+    gpus_by_bus(pool, 1)
+    gpus_by_bus(pool, 1, first_bus=1)
     QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=1)
     rollup_rebuild(pool_id=pool.id)
     # Holding the pool's rollup rows stops the first placement just after its quota
@@ -539,7 +542,8 @@ def test_guard5_a_charge_that_waited_for_another_charges_row_lock_rechecks_the_l
     first.start()
     wait_until_blocked_on_lock(first)
     assert "pool_capacity_rollup" in waiting_statement(first)
-    # The second booked the other GPU (no atom to queue on) and now waits for the quota row.
+    # The second booked the other node's GPU (no atom or node to queue on) and now waits for
+    # the quota row.
     second = Worker(attempt(on_gpu(pool, 1)))
     second.start()
     wait_until_blocked_on_lock(second)

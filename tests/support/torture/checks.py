@@ -16,6 +16,7 @@ from django.db import connection, transaction
 
 from capacity.rollups import rollup_rebuild_all, rollup_recount
 from ledger.rollups import ROLLUP_STORED_COUNTS
+from reservations.counts import NODE_ATOM_COUNTS_SQL
 from reservations.phases import bookings_advance
 from tests.support.torture.commitlog import commitlog_check
 from tests.support.torture.fleet import Fleet, fleet_restore
@@ -149,6 +150,33 @@ def check_rollups_match_count() -> list[str]:
     return _rollup_differences(rollup_snapshot(), counted, "a recount")
 
 
+def check_node_atom_counts() -> list[str]:
+    """Every node's kept free-atom counts (what the placer ranks by) equal a recount (at every instant).
+
+    The triggers that keep `node_atom_counts` run in the statement that changes
+    a booking or a device, so any one snapshot must agree with the recount
+    (`reservations.counts.NODE_ATOM_COUNTS_SQL`); rows kept at zero have no
+    recounted row and are left out.
+    """
+    kept = {
+        (node, device_class): (pool, atoms, running)
+        for node, pool, device_class, atoms, running in _rows(
+            "SELECT node_id, pool_id, device_class, atoms, running FROM node_atom_counts"
+            " WHERE atoms <> 0 OR running <> 0"
+        )
+    }
+    counted = {
+        (node, device_class): (pool, atoms, running)
+        for node, pool, device_class, atoms, running in _rows(NODE_ATOM_COUNTS_SQL)
+    }
+    return [
+        f"node {node} {device_class}: kept (pool, atoms, running) {kept.get((node, device_class))},"
+        f" recounted {counted.get((node, device_class))}"
+        for node, device_class in sorted(set(kept) | set(counted))
+        if kept.get((node, device_class)) != counted.get((node, device_class))
+    ][:20]
+
+
 def check_phases_follow_the_clock() -> list[str]:
     """After `bookings_advance`, every booking's phase is the one its window has on the clock.
 
@@ -256,6 +284,7 @@ def invariant_problems(*, require_delivery: bool = True) -> list[str]:
         *check_scalars(),
         *check_quota(),
         *check_reservations_whole(),
+        *check_node_atom_counts(),
         *check_daemon(require_delivery=require_delivery),
     ]
 
@@ -270,12 +299,19 @@ def snapshot_problems() -> list[str]:
     `used` within `max` and equal to its live charges. One REPEATABLE READ
     transaction makes the recounts agree with each other. The rollups too: every
     row equals a recount of the bookings by phase, of the counted atoms and of
-    the scalars, whatever the nodes' state. Left out: the node daemon (told
+    the scalars, whatever the nodes' state, and so do the per-node free-atom
+    counts the placer ranks by. Left out: the node daemon (told
     after commit).
     """
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        return [*check_no_double_booking(), *check_scalars(), *check_quota(), *check_rollups_match_count()]
+        return [
+            *check_no_double_booking(),
+            *check_scalars(),
+            *check_quota(),
+            *check_rollups_match_count(),
+            *check_node_atom_counts(),
+        ]
 
 
 @dataclass
