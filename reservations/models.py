@@ -224,13 +224,23 @@ class NodeAtomCount(models.Model):
     free = models.GeneratedField(
         expression=F("atoms") - F("running"), output_field=models.IntegerField(), db_persist=True
     )
+    # A fixed pseudo-random order of the nodes within one `free` value: a plan
+    # reads the index from a random point of it, so concurrent plans start at
+    # different nodes and each reads a bounded slice (`placer.filters.candidates_sql`).
+    spread = models.GeneratedField(
+        expression=Func(F("node_id"), function="hashtext"),
+        output_field=models.IntegerField(),
+        db_persist=True,
+    )
 
     class Meta:
         db_table = "node_atom_counts"
         constraints = [
             models.UniqueConstraint(fields=["node_id", "device_class"], name="node_atom_counts_unique")
         ]
-        indexes = [models.Index(fields=["pool_id", "device_class", "free"], name="node_atom_counts_rank")]
+        indexes = [
+            models.Index(fields=["pool_id", "device_class", "free", "spread"], name="node_atom_counts_rank")
+        ]
 
     def __str__(self) -> str:
         return f"{self.node_id} {self.device_class} {self.free}/{self.atoms}"

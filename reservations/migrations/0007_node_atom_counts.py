@@ -200,11 +200,21 @@ class Migration(migrations.Migration):
                         output_field=models.IntegerField(),
                     ),
                 ),
+                (
+                    "spread",
+                    models.GeneratedField(
+                        db_persist=True,
+                        expression=models.Func(models.F("node_id"), function="hashtext"),
+                        output_field=models.IntegerField(),
+                    ),
+                ),
             ],
             options={
                 "db_table": "node_atom_counts",
                 "indexes": [
-                    models.Index(fields=["pool_id", "device_class", "free"], name="node_atom_counts_rank")
+                    models.Index(
+                        fields=["pool_id", "device_class", "free", "spread"], name="node_atom_counts_rank"
+                    )
                 ],
                 "constraints": [
                     models.UniqueConstraint(

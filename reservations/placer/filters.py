@@ -181,34 +181,59 @@ def node_filters_sql(
     return where
 
 
-def candidates_sql(*, request: ReservationRequest, q: Params, salt_expr: str, nodes: int, groups: int) -> str:
+def candidates_sql(
+    *, request: ReservationRequest, q: Params, salt: int, salt_expr: str, nodes: int, groups: int
+) -> str:
     """The CTE `candidates`: the nodes a plan starting now looks at, chosen from the kept counts alone.
 
     `node_atom_counts` says how many healthy atoms of the first item's class
-    each node has free now (`free`), from an index, with no booking probed. A
-    plain request takes the `nodes` eligible nodes with the fewest free atoms
-    that still hold its count (bin packing, the strongest scorer), ties in the
-    plan's salted order; a gang takes, for the `groups` label values whose best
-    `gang.size` nodes are fullest, those nodes and two spares each. The plan
-    then checks the window, the selector and the scorers on these nodes only.
+    each node has free now (`free`), with no booking probed. A plain request
+    reads the index `(pool, class, free, spread)` from `(count, pivot)`, the
+    pivot drawn from the plan's salt: the fullest nodes that still hold the
+    count (bin packing, the strongest scorer) starting at a random node of
+    them, and from the start of the index when that runs out, `nodes` in all,
+    so a plan reads a bounded slice whatever the pool's size and concurrent
+    plans start at different nodes. A gang takes, for the `groups`
+    label values whose best `gang.size` nodes are fullest, those nodes and two
+    spares each (a pass over the pool's count rows, no booking probed). The
+    plan then checks the window, the selector and the scorers on these only.
     """
     item = request.devices[0]
-    where = [
-        f"c.pool_id = {q.p(request.pool_id)}",
-        f"c.device_class = {q.p(item.device_class)}",
-        f"c.free >= {q.p(item.count, 'int')}",
-        *node_filters_sql(request=request, q=q),
-    ]
-    label = f", n.labels ->> {q.p(gang_key(request))} AS gv" if request.gang_size else ""
-    counted = (
-        f"SELECT c.node_id, c.free{label} FROM node_atom_counts c"
-        " JOIN inventory_node n ON n.id = c.node_id JOIN inventory_pool p ON p.id = n.pool_id"
-        f" WHERE {' AND '.join(where)}"
-    )
-    node_order = f"free, hashtextextended(node_id, {salt_expr}), node_id"
+    pool, device_class, count = q.p(request.pool_id), q.p(item.device_class), q.p(item.count, "int")
+    nodes_where = " AND ".join(node_filters_sql(request=request, q=q))
     if not request.gang_size:
-        return f"candidates AS ({counted} ORDER BY {node_order} LIMIT {q.p(nodes, 'int')})"
+        # A 32-bit pivot from the salt (`spread` is hashtext(node_id), an int4).
+        # (Never -2**31: a negative literal is read as minus a positive one, out of range.)
+        pivot = q.p(salt % (2**32 - 1) - (2**31 - 1), "int")
+        limit = q.p(nodes, "int")
+        # Each slice is read from the index alone, a few times what is needed in
+        # case some of its nodes are not eligible, then checked node by node; the
+        # second slice (the start of the index) is read only when the first ends early.
+        fetched = q.p(3 * nodes, "int")
+
+        def slice_sql(start: str) -> str:
+            return (
+                "(SELECT c.node_id, c.free, c.spread FROM (SELECT node_id, free, spread FROM node_atom_counts"
+                f" WHERE pool_id = {pool} AND device_class = {device_class} AND {start}"
+                f" ORDER BY free, spread LIMIT {fetched}) c"
+                " JOIN inventory_node n ON n.id = c.node_id JOIN inventory_pool p ON p.id = n.pool_id"
+                f" WHERE {nodes_where} ORDER BY c.free, c.spread LIMIT {limit})"
+            )
+
+        return (
+            "candidates AS (SELECT node_id FROM ("
+            f"{slice_sql(f'(free, spread) >= ({count}, {pivot})')} UNION ALL {slice_sql(f'free >= {count}')}"
+            f") x LIMIT {limit})"
+        )
+    label = q.p(gang_key(request))
+    counted = (
+        f"SELECT c.node_id, c.free, n.labels ->> {label} AS gv FROM node_atom_counts c"
+        " JOIN inventory_node n ON n.id = c.node_id JOIN inventory_pool p ON p.id = n.pool_id"
+        f" WHERE c.pool_id = {pool} AND c.device_class = {device_class} AND c.free >= {count}"
+        f" AND {nodes_where}"
+    )
     size = q.p(request.gang_size, "int")
+    node_order = f"free, hashtextextended(node_id, {salt_expr}), node_id"
     return (
         f"counted AS ({counted}),\n"
         f"ranked_counts AS (SELECT *, row_number() OVER (PARTITION BY gv ORDER BY {node_order}) AS rn"

@@ -45,7 +45,7 @@ SHORTLIST_SIZE = 10
 # How many nodes (plain requests) or label groups (gangs) the kept counts hand
 # the ranking query of a plan starting now; the rest of the pool is ranked only
 # when none of them fits.
-CANDIDATE_NODES = 4 * SHORTLIST_SIZE
+CANDIDATE_NODES = 2 * SHORTLIST_SIZE
 CANDIDATE_GROUPS = SHORTLIST_SIZE
 
 
@@ -288,14 +288,17 @@ def _options(
         groups = [(list(r["nodes"]), list(r["scores"]), float(r["score"])) for r in ranked]
     else:
         groups = [([r["node_id"]], [r["score"]], float(r["score"])) for r in ranked]
-    node_ids = sorted({node_id for nodes, _, _ in groups for node_id in nodes})
-    atoms_by_node = _atoms_for(
-        request=request,
-        window=window,
-        displace=displace,
-        node_ids=node_ids,
-        exclude_node_ids=exclude_node_ids,
-    )
+    atoms_by_node: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+    if "atoms" in ranked[0]:
+        atoms_by_node = {r["node_id"]: (list(r["atoms"] or []), []) for r in ranked}
+    else:
+        atoms_by_node = _atoms_for(
+            request=request,
+            window=window,
+            displace=displace,
+            node_ids=sorted({node_id for nodes, _, _ in groups for node_id in nodes}),
+            exclude_node_ids=exclude_node_ids,
+        )
     options = []
     for nodes, scores, group_score in groups:
         members = []
@@ -336,7 +339,12 @@ def _ranked(
     candidates = ""
     if from_counts:
         candidates = candidates_sql(
-            request=request, q=q, salt_expr=salt_expr, nodes=CANDIDATE_NODES, groups=CANDIDATE_GROUPS
+            request=request,
+            q=q,
+            salt=salt,
+            salt_expr=salt_expr,
+            nodes=CANDIDATE_NODES,
+            groups=CANDIDATE_GROUPS,
         )
     ctes, _ = with_clause(
         request=request,
@@ -361,6 +369,16 @@ def _ranked(
             f" round(avg(score), 2) AS score FROM ranked WHERE rn <= {size}"
             f" GROUP BY gv HAVING count(*) >= {size} ORDER BY score DESC, {group_tie}"
             f" LIMIT {q.p(limit, 'int')}"
+        )
+    elif from_counts:
+        # The candidates are few, so the shortlist's free atoms come back in the
+        # same statement (`atoms`), saving the plan its second query.
+        atoms = atoms_of_nodes_sql(request=request, node_ids_expr="ARRAY[s.node_id]::text[]")
+        sql = (
+            f"{ctes},\n{scored}\n"
+            f"SELECT s.node_id, s.score, (SELECT json_agg(a) FROM ({atoms}) a) AS atoms FROM ("
+            f"SELECT node_id, score FROM scored ORDER BY score DESC, {_tie_sql('node_id', salt_expr)}"
+            f" LIMIT {q.p(limit, 'int')}) s ORDER BY s.score DESC, {_tie_sql('s.node_id', salt_expr)}"
         )
     else:
         sql = (

@@ -21,6 +21,7 @@ from inventory.models import Device, Node, Pool
 from reservations.models import NodeAtomCount
 from reservations.node_events import device_set_health
 from reservations.phases import bookings_advance
+from reservations.placer import plan as plan_module
 from reservations.placer.plan import CANDIDATE_NODES, placement_plan, placement_window
 from tests.support.api import post, reservation_body
 from tests.support.clock import HOUR, HOUR_MS, now_ms
@@ -106,11 +107,11 @@ def book_now(devices: Iterable[Device], *, hours: int) -> None:
         book(device, timedelta(minutes=-1), timedelta(hours=hours))
 
 
-def fleet(pool: Pool, *, full: int, empty: int) -> tuple[list[Node], list[Node]]:
-    """`full` nodes with one GPU free now (seven booked) and `empty` nodes with all eight free."""
-    fulls = [make_node(pool, hostname=f"full-{i:03d}") for i in range(full)]
+def fleet(pool: Pool, *, full: int, empty: int, booked: int = 7) -> tuple[list[Node], list[Node]]:
+    """`full` nodes with `booked` GPUs booked now (one free by default) and `empty` nodes, all eight free."""
+    fulls = [make_node(pool, hostname=f"full-{booked}-{i:03d}") for i in range(full)]
     for node in fulls:
-        book_now(Device.objects.filter(node=node).order_by("uid")[:7], hours=2)
+        book_now(Device.objects.filter(node=node).order_by("uid")[:booked], hours=2)
     empties = [make_node(pool, hostname=f"empty-{i:03d}") for i in range(empty)]
     return fulls, empties
 
@@ -129,8 +130,14 @@ def test_a_plan_starting_now_ranks_only_the_fullest_nodes_the_counts_name(owned_
 
 
 @pytest.mark.django_db
-def test_a_selector_the_candidates_miss_is_found_in_the_whole_pool(owned_pool: Pool) -> None:
-    fleet(owned_pool, full=CANDIDATE_NODES + 5, empty=0)
+def test_a_selector_the_candidates_miss_is_found_in_the_whole_pool(
+    owned_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three candidates per plan: whichever node of the one-free group the plan starts
+    # at, the three come from that group and the two-free one, never the empty node.
+    monkeypatch.setattr(plan_module, "CANDIDATE_NODES", 3)
+    fleet(owned_pool, full=6, empty=0)
+    fleet(owned_pool, full=3, empty=0, booked=6)
     small = make_node(owned_pool, hostname="small-vram", vram=40)
     request = gpu_request(owned_pool, 1, selector={"vramGiB": {"lte": 40}})
     plan = placement_plan(request=request, pool=owned_pool, window=placement_window(request=request))

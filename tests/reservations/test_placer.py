@@ -16,6 +16,7 @@ from reservations.placer.plan import placement_plan, placement_window
 from reservations.request_types import ReservationRequest
 from reservations.selectors import reservation_get, reservation_payload, reservation_state
 from reservations.services import reservation_create
+from tests.support.clock import HOUR_MS, now_ms
 from tests.support.factories import DeviceFactory, NodeFactory, PoolFactory, TaintFactory, partitioned_gpu
 from tests.support.placement import gpu_request, make_node
 
@@ -286,18 +287,31 @@ def test_no_capacity_carries_the_placer_reason(pool: Pool) -> None:
 
 
 @pytest.mark.django_db
-def test_planning_costs_two_queries_however_many_nodes(pool: Pool, django_assert_num_queries: Any) -> None:
-    request = gpu_request(pool, 2, selector={"vramGiB": {"gte": 80}}, resources={"vcpu": 2})
+def test_planning_costs_a_fixed_number_of_queries_however_many_nodes(
+    pool: Pool, django_assert_num_queries: Any
+) -> None:
+    # Starting now: one query (the kept counts name the candidates, and the
+    # shortlist's atoms come back with the ranking); for later: the ranking over
+    # the pool, then the shortlist's atoms.
+    now = gpu_request(pool, 2, selector={"vramGiB": {"gte": 80}}, resources={"vcpu": 2})
+    later = gpu_request(
+        pool, 2, selector={"vramGiB": {"gte": 80}}, resources={"vcpu": 2}, start_ms=now_ms() + HOUR_MS
+    )
     for _ in range(3):
         make_node(pool, gpus=4, resources={"vcpu": 8})
-    window = placement_window(request=request)
-    with django_assert_num_queries(2):
-        few = placement_plan(request=request, pool=pool, window=window)
+    plans = {}
+    for name, request, queries in (("now", now, 1), ("later", later, 2)):
+        window = placement_window(request=request)
+        with django_assert_num_queries(queries):
+            plans[name] = placement_plan(request=request, pool=pool, window=window)
     for _ in range(12):
         make_node(pool, gpus=4, resources={"vcpu": 8})
-    with django_assert_num_queries(2):
-        many = placement_plan(request=request, pool=pool, window=window)
-    assert len(few.options) == 3 and len(many.options) == 10
+    for name, request, queries in (("now", now, 1), ("later", later, 2)):
+        window = placement_window(request=request)
+        with django_assert_num_queries(queries):
+            many = placement_plan(request=request, pool=pool, window=window)
+        assert len(plans[name].options) == 3 and len(many.options) == 10
+    assert plans["now"].scope == "counts" and plans["later"].scope == "pool"
 
 
 @pytest.mark.django_db
