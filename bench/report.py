@@ -10,6 +10,7 @@ measured; `docs/scaling.md` cites them by hand.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,12 @@ THROUGHPUT_SHARE_OF_FLOOR = 0.5
 REBUILD_S = 5.0
 TIMELINE_MS = 100.0
 RSS_MB = 250.0
+# Issue 14's write-path targets.
+CREATE_P50_MS = 10.0
+CREATE_GROWTH = 1.3
+PREVIEW_SELECTOR_P50_MS = 50.0
+PREVIEW_SELECTOR_GROWTH = 1.5
+LOST_RACES_SHARE = 0.02
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -142,8 +149,42 @@ def _targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             _verdict(p8 < PREVIEW_8_P50_MS),
         )
     )
+    if all("create_one_client" in results["sizes"][s] for s in sizes):
+        p50s = [results["sizes"][s]["create_one_client"]["create_p50_ms"] for s in sizes]
+        growth = [b / a for a, b in itertools.pairwise(p50s)]
+        rows.append(
+            (
+                f"create p50 at 1 client < {CREATE_P50_MS:.0f} ms and each size ≤ {CREATE_GROWTH}× the one before",
+                f"{p50s[-1]:.1f} ms; "
+                + ", ".join(
+                    f"{int(b):,}/{int(a):,}: {g:.2f}"
+                    for (a, b), g in zip(itertools.pairwise(sizes), growth, strict=True)
+                ),
+                _verdict(p50s[-1] < CREATE_P50_MS and all(g <= CREATE_GROWTH for g in growth)),
+            )
+        )
+    for shape in ("1 GPU + selector", "8 GPUs + selector"):
+        p50 = big["reads"]["preview"][shape]["p50_ms"]
+        ratio = p50 / small["reads"]["preview"][shape]["p50_ms"]
+        rows.append(
+            (
+                f"`capacity/preview` {shape} p50 ≤ {PREVIEW_SELECTOR_P50_MS:.0f} ms"
+                f" and ≤ {PREVIEW_SELECTOR_GROWTH}× the {int(sizes[0]):,}-node figure",
+                f"{p50:.1f} ms, ratio {ratio:.2f}",
+                _verdict(p50 <= PREVIEW_SELECTOR_P50_MS and ratio <= PREVIEW_SELECTOR_GROWTH),
+            )
+        )
     throughput = big.get("throughput")
     if throughput:
+        last = throughput["api"]["one pool"][-1]
+        share = last["lost_races"] / last["creates"] if last["creates"] else 0.0
+        rows.append(
+            (
+                f"lost races at {last['clients']} clients (one pool) ≤ {LOST_RACES_SHARE:.0%} of creates",
+                f"{last['lost_races']} of {last['creates']} = {share:.1%}",
+                _verdict(share <= LOST_RACES_SHARE),
+            )
+        )
         for mode in throughput["api"]:
             api16 = throughput["api"][mode][-1]["creates_per_s"]
             floor16 = throughput["floor"][mode][-1]["creates_per_s"]

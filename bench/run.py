@@ -309,6 +309,24 @@ def _throughput(
     return out
 
 
+def _create_one_client(
+    *, port: int, tokens: dict[str, str], pools: dict[str, Any], clock: Clock, nodes: int
+) -> dict[str, Any]:
+    """One client's create + release loop in the main pool, at every size: what planning costs as it grows."""
+    from bench.load import Client, create_release_run
+
+    assigned = _assign(1, pools, "one pool")
+    client = Client(port=port, token=tokens[assigned[0][0]])
+    with clock.step(f"{nodes} nodes: create + release, 1 client, {API_SECONDS / 2:.0f}s"):
+        result = create_release_run(
+            clients=[client], seconds=API_SECONDS / 2, target=_fixed_target(assigned), run_id=f"one-{nodes}"
+        )
+    client.close()
+    row = result.as_dict()
+    console.print(f"  1 client: create p50 {row['create_p50_ms']} ms, {row['creates_per_s']:.1f} creates/s")
+    return row
+
+
 def _profile(*, tokens: dict[str, str], pools: dict[str, Any], clock: Clock, nodes: int) -> dict[str, Any]:
     """Where one create and one release in the main pool spend their time, per stage (`bench/profile.py`)."""
     from bench.profile import SAMPLES, print_profile, profile_run
@@ -384,6 +402,9 @@ def main(argv: list[str] | None = None) -> None:
             # In this process (the server idle), before the throughput runs churn the tables: every
             # size is profiled on its freshly filled fleet.
             size["profile"] = _profile(tokens=tokens, pools=pools, clock=clock, nodes=nodes)
+            size["create_one_client"] = _create_one_client(
+                port=gunicorn.port, tokens=tokens, pools=pools, clock=clock, nodes=nodes
+            )
             if nodes == max(sizes):
                 size["throughput"] = _throughput(
                     server_info=server,

@@ -128,8 +128,7 @@ def daemon_assign(
 ) -> None:
     """Accept the atoms and claims on this node, or refuse them all with AllocationFailed."""
     with transaction.atomic(), connection.cursor() as cursor:
-        # One node's daemon handles one assignment at a time, as a real agent would.
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('fake-daemon:' || %s))", [node_id])
+        _lock_node(cursor, node_id)
         cursor.execute(
             "SELECT id, device_uid, reservation_id, allocation_id, starts_at, ends_at"
             " FROM fake_daemon_assignments WHERE node_id = %s AND device_uid = ANY(%s)",
@@ -231,62 +230,92 @@ def _known_reservation(reservation_id: str) -> bool:
         return cursor.fetchone() is not None
 
 
+def _lock_node(cursor: Any, node_id: str) -> None:
+    """One node's daemon handles one message at a time, as a real agent would (held to commit)."""
+    cursor.execute("SELECT pg_advisory_xact_lock(hashtext('fake-daemon:' || %s))", [node_id])
+
+
 def daemon_deliver(*, reservation_id: str) -> AllocationFailed | None:
     """Send a committed reservation's assignments (atoms, claims, profile) to its nodes; the refusal, if any.
 
     The daemon only answers; the control plane (`reservations.services.reservation_deliver`)
     releases a refused reservation. An unreachable node raises (the outbox retries).
+
+    What is sent to a node is read from the bookings while that node's daemon
+    is held, so a message never carries a state older than one the node has
+    already been told: a create's delivery that runs after its own release
+    sends the shortened bookings, not the ones it was created with.
     """
     try:
-        for assignment in _assignments_of(reservation_id):
-            assign = partial(
-                daemon_assign,
-                node_id=assignment.node_id,
-                reservation_id=reservation_id,
-                allocation_id=assignment.allocation_id,
-                assignments=assignment.atoms,
-                resources=assignment.resources,
-                node_profile=assignment.node_profile,
-            )
-            try:
-                assign()
-            except AllocationFailed as exc:
-                # A release commits, then tells the node (after commit); a create that
-                # books the freed atoms or scalars can deliver before that news arrives.
-                # When every holder is a reservation the control plane knows, bring the
-                # node's record of them up to date and ask once more: a holder still
-                # booked keeps its rows, and one the node holds without the control plane
-                # knowing it is never dropped, so a true overlap is still refused.
-                if not exc.holders or not all(_known_reservation(holder) for holder in exc.holders):
-                    raise
-                for holder in exc.holders:
-                    daemon_shorten(reservation_id=holder)
-                assign()
+        for node_id in sorted({assignment.node_id for assignment in _assignments_of(reservation_id)}):
+            with transaction.atomic(), connection.cursor() as cursor:
+                _lock_node(cursor, node_id)
+                for assignment in _assignments_of(reservation_id):
+                    if assignment.node_id == node_id:
+                        _assign_or_refresh(assignment)
     except AllocationFailed as exc:
         logger.warning("node refused reservation %s: %s", reservation_id, exc)
         return exc
     return None
 
 
-def daemon_shorten(*, reservation_id: str) -> None:
+def _assign_or_refresh(assignment: NodeAssignment) -> None:
+    assign = partial(
+        daemon_assign,
+        node_id=assignment.node_id,
+        reservation_id=assignment.reservation_id,
+        allocation_id=assignment.allocation_id,
+        assignments=assignment.atoms,
+        resources=assignment.resources,
+        node_profile=assignment.node_profile,
+    )
+    try:
+        assign()
+    except AllocationFailed as exc:
+        # A release commits, then tells the node (after commit); a create that
+        # books the freed atoms or scalars can deliver before that news arrives.
+        # When every holder is a reservation the control plane knows, bring the
+        # node's record of them up to date and ask once more: a holder still
+        # booked keeps its rows, and one the node holds without the control plane
+        # knowing it is never dropped, so a true overlap is still refused.
+        if not exc.holders or not all(_known_reservation(holder) for holder in exc.holders):
+            raise
+        for holder in exc.holders:
+            daemon_shorten(reservation_id=holder, node_id=assignment.node_id)
+        assign()
+
+
+def daemon_shorten(*, reservation_id: str, node_id: str | None = None) -> None:
     """Bring the node's record of a reservation in line with its (shortened) bookings.
 
     Atoms and claims alike: only what the node accepted is ever kept, rows are
     cut or dropped, never added, so a refused assignment leaves no trace.
     """
-    current: dict[tuple[str, str], datetime] = {}
-    allocation_ends: dict[str, datetime] = {}
-    for assignment in _assignments_of(reservation_id):
-        for uid, _start, end in assignment.atoms:
-            current[(assignment.allocation_id, uid)] = end
-            allocation_ends[assignment.allocation_id] = max(
-                end, allocation_ends.get(assignment.allocation_id, end)
-            )
+    nodes = " AND node_id = %(node)s" if node_id is not None else ""
+    params = {"reservation": reservation_id, "node": node_id}
     with transaction.atomic(), connection.cursor() as cursor:
+        # Each node's daemon is held (in node order) before the bookings are read,
+        # so what it keeps is never older than what another message told it.
+        cursor.execute(
+            f"SELECT node_id FROM fake_daemon_assignments WHERE reservation_id = %(reservation)s{nodes}"
+            f" UNION SELECT node_id FROM fake_daemon_claims WHERE reservation_id = %(reservation)s{nodes}"
+            " ORDER BY 1",
+            params,
+        )
+        for (held_node,) in cursor.fetchall():
+            _lock_node(cursor, held_node)
+        current: dict[tuple[str, str], datetime] = {}
+        allocation_ends: dict[str, datetime] = {}
+        for assignment in _assignments_of(reservation_id):
+            for uid, _start, end in assignment.atoms:
+                current[(assignment.allocation_id, uid)] = end
+                allocation_ends[assignment.allocation_id] = max(
+                    end, allocation_ends.get(assignment.allocation_id, end)
+                )
         cursor.execute(
             "SELECT id, allocation_id, device_uid, starts_at, ends_at FROM fake_daemon_assignments"
-            " WHERE reservation_id = %s ORDER BY id FOR UPDATE",
-            [reservation_id],
+            f" WHERE reservation_id = %(reservation)s{nodes} ORDER BY id FOR UPDATE",
+            params,
         )
         for row_id, allocation_id, uid, start, end in cursor.fetchall():
             booked_end = current.get((allocation_id, uid))
@@ -298,8 +327,8 @@ def daemon_shorten(*, reservation_id: str) -> None:
                 )
         cursor.execute(
             "SELECT id, allocation_id, starts_at, ends_at FROM fake_daemon_claims"
-            " WHERE reservation_id = %s ORDER BY id FOR UPDATE",
-            [reservation_id],
+            f" WHERE reservation_id = %(reservation)s{nodes} ORDER BY id FOR UPDATE",
+            params,
         )
         for row_id, allocation_id, start, end in cursor.fetchall():
             booked_end = allocation_ends.get(allocation_id)
