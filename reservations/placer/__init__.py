@@ -8,10 +8,10 @@ nothing (`capacity.preview` shows it). A plan starting now is one query: the
 kept per-node counts (`reservations.models.NodeAtomCount`) name a bounded set
 of candidates and only those are probed, so its cost does not grow with the
 pool; a later start, a displacing plan, a whole-node lease, or candidates of
-which none fits, rank the whole pool in two queries. `commit.placement_commit` walks the shortlist inside the caller's
-transaction with the guard-4 locks, the guard-1 booking insert and the guard-3
-scalar claims, replanning a bounded number of times, and raises `NoCapacity`
-with the placer's reason; `commit.placement_charge` applies quota (guard 5)
+which none fits, rank the whole pool in two queries. `commit.placement_commit`
+walks the shortlist inside the caller's transaction with the guard-4 locks,
+the guard-1 booking insert and the guard-3 scalar claims, replanning a bounded
+number of times, and raises `NoCapacity` with the placer's reason; `commit.placement_charge` applies quota (guard 5)
 and rollup deltas in the same transaction.
 
 Decisions where the specification is silent:
