@@ -11,8 +11,9 @@ pool; a later start, a displacing plan, a whole-node lease, or candidates of
 which none fits, rank the whole pool in two queries. `commit.placement_commit`
 walks the shortlist inside the caller's transaction with the guard-4 locks,
 the guard-1 booking insert and the guard-3 scalar claims, replanning a bounded
-number of times, and raises `NoCapacity` with the placer's reason; `commit.placement_charge` applies quota (guard 5)
-and rollup deltas in the same transaction.
+number of times, and raises `NoCapacity` with the placer's reason;
+`commit.placement_charge` applies quota (guard 5) and rollup deltas in the
+same transaction.
 
 Decisions where the specification is silent:
 
