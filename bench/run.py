@@ -270,6 +270,7 @@ def _throughput(
                 assigned = _assign(n, pools, mode)
                 clients = [Client(port=port, token=tokens[tenant]) for tenant, _ in assigned]
                 raced0, replans0 = log("placement lost a race"), log("placement replan")
+                passed0 = log("placement passed over")
                 result = create_release_run(
                     clients=clients,
                     seconds=API_SECONDS,
@@ -281,10 +282,12 @@ def _throughput(
                 row = result.as_dict()
                 row["lost_races"] = log("placement lost a race") - raced0
                 row["replans"] = log("placement replan") - replans0
+                row["passed_over"] = log("placement passed over") - passed0
                 out["api"].setdefault(mode, []).append(row)
                 console.print(
                     f"  {mode:8} {n:2} clients: {row['creates_per_s']:7.1f} creates/s,"
                     f" p50 {row['create_p50_ms']} ms, lost races {row['lost_races']},"
+                    f" passed over {row['passed_over']},"
                     f" replans {row['replans']},"
                     f" NO_CAPACITY {row['no_capacity']}, errors {row['other_errors']}"
                 )

@@ -30,7 +30,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -65,6 +65,10 @@ _LOCK_NOT_AVAILABLE = "55P03"
 
 class _LostRace(Exception):
     """A guarded statement returned fewer rows: roll back the savepoint and move on."""
+
+
+class _Taken(_LostRace):
+    """The option's atoms were all taken by concurrent placements, seen before anything was written."""
 
 
 @dataclass
@@ -159,14 +163,51 @@ def _spot_in_the_way(*, device_ids: list[int], window: Window, displaced: Window
     return in_the_way, [reservation_id for reservation_id, _, in_displaced in rows if in_displaced]
 
 
-def _lock_member(*, request: ReservationRequest, member: Member) -> None:
-    """Guard 4 for one member: its node, then its atoms; a lost race raises `_LostRace`."""
+def _lock_one_of(*, node_id: str, candidates: list[int], window: Window) -> int | None:
+    # Guard 4 for a one-atom member, and a claim: the first of the planned atom
+    # and its alternates that is healthy, bookable, free for the window as of
+    # now (not as of the plan's snapshot: a placement that committed since has
+    # booked it) and not held by another placement right now. `FOR NO KEY
+    # UPDATE SKIP LOCKED` passes over an atom a concurrent placement holds (it
+    # conflicts with that one's lock) instead of booking it too and losing at
+    # the exclusion constraint after its commit. Guard 1 still decides.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT d.id FROM inventory_device d WHERE d.id = ANY(%(ids)s) AND d.node_id = %(node)s"
+            " AND d.healthy AND d.bookable AND NOT EXISTS (SELECT 1 FROM device_bookings b"
+            " WHERE b.device_id = d.id AND COALESCE(upper(b.during), 'infinity'::timestamptz) > %(start)s"
+            " AND lower(b.during) < %(end)s)"
+            " ORDER BY array_position(%(ids)s, d.id) LIMIT 1 FOR NO KEY UPDATE OF d SKIP LOCKED",
+            {"ids": candidates, "node": node_id, "start": window.start, "end": window.end},
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def _lock_member(*, request: ReservationRequest, member: Member, window: Window, claim: bool) -> Member:
+    """Guard 4 for one member: its node, then its atoms; the member as locked, or `_LostRace`.
+
+    With `claim`, a one-atom member takes the first of its planned atom and its
+    alternates that no concurrent placement holds or has booked since the plan
+    (`_lock_one_of`), and when there is none the option is passed over
+    (`_Taken`) before anything is written.
+    """
     _hook("before_node_lock", member.node_id)
     if not _lock_node(node_id=member.node_id, pool_id=request.pool_id):
         raise _LostRace("node no longer schedulable")
-    if not _lock_atoms(node_id=member.node_id, device_ids=sorted(member.device_ids)):
+    if claim and len(member.device_ids) == 1 and not member.displaced:
+        planned = [(member.device_ids[0], member.atoms[0]), *member.alternates]
+        taken = _lock_one_of(
+            node_id=member.node_id, candidates=[device_id for device_id, _ in planned], window=window
+        )
+        if taken is None:
+            raise _Taken("every free atom of the node is booked or held by another placement")
+        uid = dict(planned)[taken]
+        member = replace(member, device_ids=(taken,), atoms=(uid,), alternates=())
+    elif not _lock_atoms(node_id=member.node_id, device_ids=sorted(member.device_ids)):
         raise _LostRace("atoms no longer healthy and bookable")
     _hook("after_locks", member.node_id)
+    return member
 
 
 def _book_member(
@@ -199,15 +240,23 @@ def _try_option(
     """
     try:
         with transaction.atomic():
-            for member in option.members:
-                _lock_member(request=request, member=member)
+            # A displacing option may move to a later window: it books exactly what it planned.
+            members = [
+                _lock_member(
+                    request=request,
+                    member=member,
+                    window=window,
+                    claim=displaced is None,
+                )
+                for member in option.members
+            ]
             chosen = window
             cut: list[str] = []
             if displaced is not None:
                 # Not `member.displaced`: the plan's flag is as of its snapshot, and a
                 # spot already under notice ends before the displaced window, unflagged.
                 in_the_way, spots = _spot_in_the_way(
-                    device_ids=sorted(i for member in option.members for i in member.device_ids),
+                    device_ids=sorted(i for member in members for i in member.device_ids),
                     window=window,
                     displaced=displaced,
                 )
@@ -220,9 +269,14 @@ def _try_option(
                     ]
             taken = [
                 (_book_member(reservation=reservation, request=request, member=member, window=chosen), member)
-                for member in option.members
+                for member in members
             ]
             return taken, cut, chosen
+    except _Taken as taken:
+        # Nothing was written: the claim saw the atoms taken and moved on, as a
+        # queue consumer skips a locked job. Counted apart from lost races.
+        logger.info("placement passed over option %s: %s", option.members[0].node_id, taken)
+        return None
     except _LostRace as lost:
         # Counted by operators (and the benchmark) to see how often placements collide.
         logger.info("placement lost a race on option %s: %s", option.members[0].node_id, lost)

@@ -78,6 +78,10 @@ class Member:
     classes: tuple[str, ...]
     score: float
     displaced: int = 0
+    # For a member of one atom: the node's other free atoms of that class, best
+    # first (device id, uid). The commit may take one of them instead when a
+    # concurrent placement holds the planned one (`commit._lock_member`).
+    alternates: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,19 @@ def _member(
     if request.binding == "node":
         # A whole-node lease books every bookable atom, the `node` atom included.
         chosen = sorted(whole, key=lambda r: (r["device_class"], r["uid"]))
+    alternates: tuple[tuple[int, str], ...] = ()
+    if len(chosen) == 1 and request.binding != "node" and not chosen[0]["displaced"]:
+        # One atom: any other free one of the same class on the node serves the
+        # request as well (one atom is on one NUMA node and one NVLink domain).
+        same = [
+            r
+            for r in rows
+            if r["device_class"] == chosen[0]["device_class"]
+            and r["device_id"] != chosen[0]["device_id"]
+            and not r["displaced"]
+        ]
+        same.sort(key=lambda r: (_tie(r["uid"], salt), r["uid"]))
+        alternates = tuple((r["device_id"], r["uid"]) for r in same)
     return Member(
         node_id=node_id,
         device_ids=tuple(r["device_id"] for r in chosen),
@@ -206,6 +223,7 @@ def _member(
         classes=tuple(r["device_class"] for r in chosen),
         score=float(score),
         displaced=sum(1 for r in chosen if r["displaced"]),
+        alternates=alternates,
     )
 
 

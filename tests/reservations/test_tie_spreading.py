@@ -10,19 +10,23 @@ score still always comes first.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from inventory.models import Pool
+from reservations.models import DeviceBooking
 from reservations.placer import commit
+from reservations.placer import plan as plan_module
 from reservations.placer.plan import Plan, placement_plan, placement_window
 from reservations.request_types import ReservationRequest
+from reservations.services import reservation_create
 from tests.conftest import ClientFor
 from tests.support.api import post, reservation_body
 from tests.support.placement import gpu_request, make_node
-from tests.support.threads import workers_race
+from tests.support.threads import JOIN_SECONDS, Worker, workers_race
 
 SALTS = [index * 7_919 for index in range(24)]
 # 16 clients in one pool, each booking one GPU at once (the lost-race target).
@@ -145,3 +149,38 @@ def test_sixteen_concurrent_creates_in_one_pool_rarely_collide(
     # bin packing's own doing: once one create lands, its node is the single best for the rest.
     # (Replans are not asserted: the odd one under a loaded machine says nothing about ties.)
     assert lost_races.lost < CLIENTS, (lost_races.lost, lost_races.replans)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_one_atom_placement_takes_another_free_atom_when_a_concurrent_one_holds_the_planned_one(
+    owned_pool: Pool, lost_races: LostRaces, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(owned_pool, gpus=2, numa_split=2)
+    # One salt for every plan: both plans rank the same node and the same atom first.
+    monkeypatch.setattr(plan_module, "tie_salt", lambda: SALTS[1])
+    reached, go_on = threading.Event(), threading.Event()
+
+    def hold_the_first(point: str, node_id: str) -> None:
+        if point == "after_locks" and not reached.is_set():
+            reached.set()
+            assert go_on.wait(JOIN_SECONDS)
+
+    commit.HOOKS.append(hold_the_first)
+    try:
+        first = Worker(lambda: reservation_create(request=gpu_request(owned_pool, 1), actor="test"))
+        first.start()
+        assert reached.wait(JOIN_SECONDS)
+        # The first holds its atom, uncommitted; the second planned the same atom, passes over
+        # it at the lock (it does not wait for the first to commit) and books the other one.
+        second = reservation_create(request=gpu_request(owned_pool, 1), actor="test")
+        go_on.set()
+        first_result = first.finish()
+    finally:
+        go_on.set()
+        commit.HOOKS.remove(hold_the_first)
+    assert first.error is None, first.error
+    ids = [created.reservation.id for created in (first_result, second)]
+    bookings = DeviceBooking.objects.filter(allocation__reservation_id__in=ids)
+    taken = set(bookings.values_list("device__uid", flat=True))
+    assert taken == {f"GPU-{node.hostname}-0", f"GPU-{node.hostname}-1"}
+    assert lost_races.lost == 0
