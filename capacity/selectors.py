@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count, DateTimeField, Func, IntegerField, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
 from inventory.access import visible_pools
+from inventory.choices import CLASS_SHARING, GPU_ATOM_CLASSES
+from inventory.schedulability import schedulable_sql
 from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup
 from reservations.models import Reservation
 
@@ -114,6 +117,65 @@ def pool_capacity(*, pool_id: str) -> dict[str, Any]:
     if counted is None:
         counted = pool_at_risk_count(pool_id=pool_id)
     return {"poolId": pool_id, "rows": rows, "atRiskReservations": int(counted)}
+
+
+# The label fragmentation is grouped by: the gang topology key's default.
+FRAGMENTATION_KEY = "fabric"
+# A "whole node" for a gang of whole nodes: a host of eight GPUs, all free.
+WHOLE_NODE_GPUS = 8
+
+# Per value of the label, over the schedulable nodes with healthy atoms of the
+# pool's GPU class, from the counts the placer keeps (`node_atom_counts`): one
+# pass over the pool's count rows, no booking read. "Now" is as far as the
+# worker has moved the bookings' phases (seconds behind the clock at most).
+_FRAGMENTATION_SQL = f"""
+SELECT COALESCE(n.labels ->> %(key)s, '') AS value,
+       count(*) AS nodes,
+       count(*) FILTER (WHERE c.running = 0) AS nodes_free,
+       count(*) FILTER (WHERE c.running = 0 AND c.atoms >= %(whole)s) AS whole_free,
+       COALESCE(sum(GREATEST(c.free, 0)) FILTER (WHERE c.running > 0), 0) AS stranded
+  FROM node_atom_counts c
+  JOIN inventory_node n ON n.id = c.node_id
+  JOIN inventory_pool p ON p.id = n.pool_id
+ WHERE c.pool_id = %(pool)s AND c.device_class = %(class)s AND c.atoms > 0
+   AND {schedulable_sql("n", "p.owner_id")}
+ GROUP BY 1
+ ORDER BY 1
+"""
+
+
+def pool_gpu_class(sharing: str) -> str:
+    """The GPU atom class a pool of this sharing mode hands out (`gpu`, `gpu.mig` or `gpu.slot`)."""
+    return next(name for name in GPU_ATOM_CLASSES if sharing in CLASS_SHARING[name])
+
+
+def pool_fragmentation(*, pool_id: str, sharing: str) -> dict[str, Any]:
+    """How fragmented the pool is now, per fabric: free nodes, the whole-node gang that fits, stranded atoms.
+
+    Per value of the node label `fabric` (`""` for nodes without it), over the
+    schedulable nodes with healthy atoms of the pool's GPU class: `nodes`;
+    `nodesFree`, those with none of them booked now; `wholeNodeGang`, those of
+    them with at least eight, the largest gang of whole 8-GPU nodes that would
+    fit now on that fabric; `strandedAtoms`, the free atoms on partly booked
+    nodes, which no whole-node request can use.
+    """
+    device_class = pool_gpu_class(sharing)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FRAGMENTATION_SQL,
+            {"key": FRAGMENTATION_KEY, "whole": WHOLE_NODE_GPUS, "pool": pool_id, "class": device_class},
+        )
+        groups = [
+            {
+                "value": value,
+                "nodes": int(nodes),
+                "nodesFree": int(nodes_free),
+                "wholeNodeGang": int(whole_free),
+                "strandedAtoms": int(stranded),
+            }
+            for value, nodes, nodes_free, whole_free, stranded in cursor.fetchall()
+        ]
+    return {"topologyKey": FRAGMENTATION_KEY, "deviceClass": device_class, "groups": groups}
 
 
 def at_risk_reservations(

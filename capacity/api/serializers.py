@@ -37,12 +37,30 @@ class RollupRowSerializer(serializers.Serializer):
         }
 
 
+class FragmentationGroupSerializer(serializers.Serializer):
+    value = serializers.CharField(help_text="the label's value; empty for nodes without the label")
+    nodes = serializers.IntegerField(help_text="schedulable nodes with healthy atoms of the class")
+    nodesFree = serializers.IntegerField(help_text="of those, nodes with none of those atoms booked now")
+    wholeNodeGang = serializers.IntegerField(
+        help_text="of the free ones, nodes with eight or more: the largest gang of whole 8-GPU nodes"
+        " that fits now"
+    )
+    strandedAtoms = serializers.IntegerField(help_text="free atoms on partly booked nodes")
+
+
+class FragmentationSerializer(serializers.Serializer):
+    topologyKey = serializers.CharField(help_text="the node label the groups are by (`fabric`)")
+    deviceClass = serializers.CharField(help_text="the pool's GPU atom class: gpu, gpu.mig or gpu.slot")
+    groups = FragmentationGroupSerializer(many=True)
+
+
 class ByPoolOutput(serializers.Serializer):
     poolId = serializers.CharField()
     rows = RollupRowSerializer(many=True)
     atRiskReservations = serializers.IntegerField(
         help_text="live reservations of the pool marked at risk by BookingRepair (every tenant's)"
     )
+    fragmentation = FragmentationSerializer()
 
 
 class SummaryPoolSerializer(serializers.Serializer):

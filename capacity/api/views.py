@@ -9,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from capacity.api.serializers import ByPoolInput, ByPoolOutput, SummaryInput, SummaryOutput
-from capacity.selectors import capacity_summary, pool_capacity
+from capacity.selectors import capacity_summary, pool_capacity, pool_fragmentation
 from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input, rpc_tenant_input
 from core.authentication import principal_of
 from core.decisions import CAPACITY_READ
@@ -39,14 +39,19 @@ def _by_pool(request: Request) -> Response:
     # The selector already answers in the contract's shape (plain ints and
     # strings), so the output serializer only documents it (OpenAPI): walking
     # every row through DRF fields again would cost more than the query.
-    return Response(pool_capacity(pool_id=pool.pk))
+    answer = pool_capacity(pool_id=pool.pk)
+    answer["fragmentation"] = pool_fragmentation(pool_id=pool.pk, sharing=pool.sharing)
+    return Response(answer)
 
 
 BY_POOL_DESCRIPTION = (
     "One pool's rollup rows, one per resource, ordered by resource name. `available` is conservative: "
     "an atom booked now and again later counts in both `allocated` and `reserved`. "
     "`atRiskReservations` counts the pool's live reservations (every tenant's) that BookingRepair could "
-    "not move off a node or atom that left the schedulable set. NOT_FOUND when the "
+    "not move off a node or atom that left the schedulable set. `fragmentation` says, per value of the "
+    "node label `fabric`, how many schedulable nodes have atoms of the pool's GPU class, how many of them "
+    "have none booked now, how many of those hold eight or more (the largest gang of whole 8-GPU nodes that "
+    "would fit now) and how many free atoms sit on partly booked nodes (stranded). NOT_FOUND when the "
     "pool is not owned by or offered to the tenant, or is archived and the tenant is not its owner."
 )
 
