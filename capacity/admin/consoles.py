@@ -39,7 +39,7 @@ from capacity.node_selectors import (
     node_operator_state,
     node_scalars,
 )
-from capacity.selectors import at_risk_reservations, pool_at_risk_count
+from capacity.selectors import at_risk_reservations, pool_at_risk_count, pool_fragmentation
 from core.admin import OptionalReasonForm, ReasonForm, admin_actor, copyable_id, ops_page_context, plural
 from core.errors import DomainError
 from inventory.models import Device, Node, Pool, TaintEffect
@@ -249,6 +249,7 @@ class PoolAdmin(ConsoleAdmin):
             "at_risk_count": pool_at_risk_count(pool_id=pool.pk),
             "at_risk": _at_risk_rows(at_risk_reservations(pool_id=pool.pk, limit=AT_RISK_SHOWN)),
             "at_risk_shown": AT_RISK_SHOWN,
+            "fragmentation": pool_fragmentation(pool_id=pool.pk, sharing=pool.sharing),
             **_timeline_context(request, pool),
         }
 

@@ -12,6 +12,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 from rest_framework.test import APIClient
 
 from core.clock import compute_now
@@ -19,6 +21,7 @@ from inventory.models import Device, Node, Pool
 from inventory.schedulability import predicate_terms
 from reservations.models import DeviceBooking
 from reservations.node_events import device_set_health, node_cordon
+from tests.support.admin import links_of
 from tests.support.api import post
 from tests.support.placement import make_node
 from tests.support.records import book
@@ -108,3 +111,20 @@ def test_fragmentation_moves_with_a_create_and_a_release(owner_client: APIClient
     )
     assert released.status_code == 200, released.json()
     assert groups() == [{"value": "f-a", "nodes": 1, "nodesFree": 1, "wholeNodeGang": 1, "strandedAtoms": 0}]
+
+
+@pytest.mark.django_db
+def test_the_pool_page_shows_the_fragmentation_reached_from_the_pool_list(
+    operator: Client, owned_pool: Pool
+) -> None:
+    make_node(owned_pool, hostname="a-free", labels={"fabric": "f-a"})
+    partly = make_node(owned_pool, hostname="a-partly", labels={"fabric": "f-a"})
+    for device in Device.objects.filter(node=partly).order_by("uid")[:3]:
+        book(device, timedelta(minutes=-5), timedelta(hours=1))
+    listing = operator.get(reverse("admin:inventory_pool_changelist")).content.decode()
+    (link,) = [href for href in links_of(listing) if href.endswith("/change/")]
+    page = operator.get(link)
+    assert page.status_code == 200
+    table = page.content.decode().split('id="fragmentation-rows"', 1)[1].split("</table>", 1)[0]
+    cells = [[cell.strip() for cell in row.split("<td>")[1:]] for row in table.split("<tr>") if "<td>" in row]
+    assert [[cell.split("</td>")[0] for cell in row] for row in cells] == [["f-a", "2", "1", "1", "5"]]

@@ -21,42 +21,12 @@ from core.services import audit_record, token_issue
 from fleets.load import fleet_load
 from inventory.models import Pool
 from reservations.services import reservation_create
+from tests.support.admin import links_of
 from tests.support.paths import ROOT
 from tests.support.placement import gpu_request
 
 # How many rows of each list are followed: enough to meet every kind of row.
 ROWS_PER_LIST = 5
-
-
-class _ResultLinks(HTMLParser):
-    """The hrefs in the rows of the changelist's result table (`#result_list tbody`), in page order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.in_results = False
-        self.in_rows = False
-        self.links: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        values = dict(attrs)
-        if tag == "table" and values.get("id") == "result_list":
-            self.in_results = True
-        elif tag == "tbody" and self.in_results:
-            self.in_rows = True
-        elif tag == "a" and self.in_rows and values.get("href"):
-            self.links.append(str(values["href"]))
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "tbody":
-            self.in_rows = False
-        elif tag == "table":
-            self.in_results = False
-
-
-def links_of(page: str) -> list[str]:
-    parser = _ResultLinks()
-    parser.feed(page)
-    return parser.links
 
 
 @pytest.fixture
