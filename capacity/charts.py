@@ -229,3 +229,92 @@ def timeline_svg(*, timeline: dict[str, Any], width: int = 860, height: int = 26
     )
     out.append("</svg>")
     return mark_safe("".join(out))  # noqa: S308 - numbers and fixed labels only
+
+
+def gantt_svg(*, gantt: Any, width: int = 860) -> SafeString:
+    """A node's atoms as rows and their bookings as bars over the window (`node_selectors.node_gantt`).
+
+    A bar's fill says what holds the atom: a regular reservation (solid blue),
+    a spot one (hatched purple) or a layout change (grey); a reservation at
+    risk gets a thick red outline. Each bar's `<title>` names the reservation,
+    its tenant, its state and its window; a dashed line marks now.
+    """
+    rows = list(gantt.atoms)
+    left, right, top, row_h = 190, 12, 34, 16
+    plot_w = width - left - right
+    height = top + row_h * max(len(rows), 1) + 44
+    span = (gantt.end - gantt.start).total_seconds() or 1.0
+
+    def x_of(moment: datetime) -> float:
+        return left + plot_w * (moment - gantt.start).total_seconds() / span
+
+    out = [
+        f'<svg class="gantt-chart" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" font-family="sans-serif">',
+        f"<title>Bookings of {len(rows)} atoms from {gantt.start:%Y-%m-%d %H:%M}"
+        f" to {gantt.end:%Y-%m-%d %H:%M} UTC</title>",
+        '<defs><pattern id="gantt-spot" width="6" height="6" patternUnits="userSpaceOnUse">'
+        '<rect width="6" height="6" fill="#7c3aed"/><path d="M0,6 L6,0" stroke="#fff" stroke-width="1.3"/>'
+        "</pattern></defs>",
+        f'<text x="{left}" y="14" font-size="12" font-weight="bold" fill="#111">'
+        "Bookings per atom (UTC)</text>",
+    ]
+    index = {uid: i for i, (uid, _) in enumerate(rows)}
+    for i, (uid, device_class) in enumerate(rows):
+        y = top + i * row_h
+        out.append(
+            f'<rect x="{left}" y="{y}" width="{plot_w}" height="{row_h - 2}"'
+            f' fill="{"#f9fafb" if i % 2 else "#fff"}"/>'
+            f'<text x="{left - 6}" y="{y + row_h - 5}" font-size="10" text-anchor="end" fill="#374151">'
+            f"{escape(uid[-28:])} ({escape(device_class)})</text>"
+        )
+    for tick in range(5):
+        moment = gantt.start + (gantt.end - gantt.start) * tick / 4
+        x = x_of(moment)
+        bottom = top + row_h * max(len(rows), 1)
+        out.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" stroke="#e5e7eb"/>'
+            f'<text x="{x:.1f}" y="{bottom + 14}" font-size="10"'
+            f' text-anchor="{("start", "middle", "middle", "middle", "end")[tick]}" fill="#374151">'
+            f"{moment:%m-%d %H:%M}</text>"
+        )
+    for bar in gantt.bars:
+        y = top + index[bar.uid] * row_h + 1
+        x0, x1 = x_of(bar.start), x_of(bar.end)
+        if bar.reservation_id is None:
+            fill, kind = "#9ca3af", "layout change"
+        elif bar.spot:
+            fill, kind = "url(#gantt-spot)", "spot"
+        else:
+            fill, kind = "#2563eb", "regular"
+        outline = ' stroke="#dc2626" stroke-width="2.5"' if bar.at_risk else ""
+        who = f"{bar.reservation_id} ({bar.tenant_id})" if bar.reservation_id else "layout change"
+        risk = ", at risk" if bar.at_risk else ""
+        out.append(
+            f'<rect class="gantt-bar gantt-{kind.replace(" ", "-")}{" gantt-at-risk" if bar.at_risk else ""}"'
+            f' x="{x0:.2f}" y="{y}" width="{max(x1 - x0, 1.0):.2f}" height="{row_h - 4}"'
+            f' fill="{fill}"{outline}>'
+            f"<title>{escape(bar.uid)}: {escape(who)}, {escape(bar.state)}, {kind}{risk},"
+            f" {bar.start:%m-%d %H:%M} to {bar.end:%m-%d %H:%M}</title></rect>"
+        )
+    if gantt.start <= gantt.now <= gantt.end:
+        x = x_of(gantt.now)
+        out.append(
+            f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + row_h * max(len(rows), 1)}" '
+            f'stroke="#111" stroke-width="1.2" stroke-dasharray="4 3"/>'
+            f'<text x="{x:.1f}" y="{top - 8}" font-size="10" text-anchor="middle" fill="#111">now</text>'
+        )
+    ly = height - 10
+    out.append(
+        f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="#2563eb"/>'
+        f'<text x="{left + 16}" y="{ly}" font-size="11" fill="#111">regular (solid)</text>'
+        f'<rect x="{left + 120}" y="{ly - 10}" width="12" height="12" fill="url(#gantt-spot)"/>'
+        f'<text x="{left + 136}" y="{ly}" font-size="11" fill="#111">spot (hatched)</text>'
+        f'<rect x="{left + 240}" y="{ly - 10}" width="12" height="12" fill="#9ca3af"/>'
+        f'<text x="{left + 256}" y="{ly}" font-size="11" fill="#111">layout change (grey)</text>'
+        f'<rect x="{left + 390}" y="{ly - 10}" width="12" height="12" fill="#fff" stroke="#dc2626"'
+        ' stroke-width="2.5"/>'
+        f'<text x="{left + 406}" y="{ly}" font-size="11" fill="#111">at risk (red outline)</text>'
+    )
+    out.append("</svg>")
+    return mark_safe("".join(out))  # noqa: S308 - every text from the database is escaped

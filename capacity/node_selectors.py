@@ -235,3 +235,80 @@ def node_audit_trail(*, node: Node, limit: int = 50) -> QuerySet[AuditEvent]:
     return AuditEvent.objects.filter(
         Q(subject_type="node", subject_id=node.pk) | Q(subject_type="device", subject_id__in=device_keys)
     ).order_by("-at", "-id")[:limit]
+
+
+@dataclass(frozen=True)
+class GanttBar:
+    """One booking of one atom, clipped to the chart's window."""
+
+    uid: str
+    start: datetime
+    end: datetime
+    reservation_id: str | None
+    tenant_id: str | None
+    state: str
+    spot: bool
+    at_risk: bool
+
+
+@dataclass(frozen=True)
+class Gantt:
+    """A node's bookable atoms (rows, in uid order) and their bookings in `[start, end)`."""
+
+    atoms: list[tuple[str, str]]
+    bars: list[GanttBar]
+    start: datetime
+    end: datetime
+    now: datetime
+
+
+# One query for the chart: the window around the database's now, the node's
+# bookable atoms, and each one's bookings overlapping the window (a layout
+# change has no reservation).
+_GANTT_SQL = """
+WITH w AS (
+    SELECT compute_now() - make_interval(secs => %(before)s) AS lo,
+           compute_now() + make_interval(secs => %(after)s) AS hi,
+           compute_now() AS now
+)
+SELECT w.lo, w.hi, w.now, d.uid, d.device_class, lower(b.during), upper(b.during), r.id, r.tenant_id,
+       r.state, COALESCE(r.spot, false), r.at_risk_since IS NOT NULL, b.purpose
+  FROM w
+  LEFT JOIN inventory_device d ON d.node_id = %(node)s AND d.bookable
+  LEFT JOIN device_bookings b
+         ON b.device_id = d.id
+        AND COALESCE(upper(b.during), 'infinity'::timestamptz) > w.lo
+        AND lower(b.during) < w.hi
+  LEFT JOIN reservations_allocation a ON a.id = b.allocation_id
+  LEFT JOIN reservations_reservation r ON r.id = a.reservation_id
+ ORDER BY d.uid, lower(b.during)
+"""
+
+
+def node_gantt(*, node: Node, hours: int) -> Gantt:
+    """Every bookable atom of the node and its bookings over `hours` around now (a quarter of it past)."""
+    atoms: dict[str, str] = {}
+    bars: list[GanttBar] = []
+    with connection.cursor() as cursor:
+        cursor.execute(_GANTT_SQL, {"node": node.pk, "before": hours * 900, "after": hours * 2700})
+        rows = cursor.fetchall()
+    start, end, now = rows[0][:3]
+    for _lo, _hi, _now, uid, device_class, lower, upper, rid, tenant, state, spot, at_risk, purpose in rows:
+        if uid is None:
+            continue
+        atoms.setdefault(uid, device_class)
+        if lower is None:
+            continue
+        bars.append(
+            GanttBar(
+                uid=uid,
+                start=max(lower, start),
+                end=min(upper or end, end),
+                reservation_id=rid,
+                tenant_id=tenant,
+                state=state or purpose,
+                spot=bool(spot),
+                at_risk=bool(at_risk),
+            )
+        )
+    return Gantt(atoms=list(atoms.items()), bars=bars, start=start, end=end, now=now)

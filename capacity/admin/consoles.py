@@ -36,6 +36,7 @@ from capacity.node_selectors import (
     node_atoms,
     node_audit_trail,
     node_change_summary,
+    node_gantt,
     node_operator_state,
     node_scalars,
 )
@@ -273,6 +274,16 @@ class PoolAdmin(ConsoleAdmin):
 class TimelineForm(forms.Form):
     hours = forms.IntegerField(required=False, min_value=1, max_value=24 * 90, label="window (hours)")
     step_minutes = forms.IntegerField(required=False, min_value=1, max_value=24 * 60, label="step (minutes)")
+
+
+# The windows the node page's booking chart offers, in hours (a quarter of each is past).
+GANTT_HOURS = (6, 24, 72, 168)
+
+
+def _gantt_hours(request: HttpRequest) -> int:
+    """The chart's window from `?gantt=<hours>`, one of `GANTT_HOURS` (24 unless asked)."""
+    asked = request.GET.get("gantt", "")
+    return int(asked) if asked.isdigit() and int(asked) in GANTT_HOURS else 24
 
 
 def _timeline_context(request: HttpRequest, pool: Pool) -> dict[str, Any]:
@@ -582,8 +593,12 @@ class NodeAdmin(ConsoleAdmin):
         node = get_object_or_404(Node.objects.select_related("pool", "pool__owner", "owner"), pk=object_id)
         gpus, others = node_atoms(node=node)
         operate_url = reverse("admin:inventory_node_operate", args=["OP"])
+        hours = _gantt_hours(request)
         return {
             "node": node,
+            "gantt": charts.gantt_svg(gantt=node_gantt(node=node, hours=hours)),
+            "gantt_hours": hours,
+            "gantt_choices": GANTT_HOURS,
             "terms": predicate_terms(node),
             "bucket": node_bucket(node),
             "bucket_badge": _bucket_badge(node_bucket(node)),
