@@ -46,7 +46,7 @@ from core.api import (
     pool_id_field,
     tenant_id_field,
 )
-from core.constants import MAX_TIME_MS, PROJECT_ID_REGEX
+from core.constants import MAX_TIME_MS, NODE_ID_REGEX, PROJECT_ID_REGEX
 from core.durations import DurationError, parse_duration
 from core.errors import InvalidInput
 from reservations.request_types import DeviceRequest, ReservationRequest
@@ -292,6 +292,18 @@ def _invalid(detail: Any) -> InvalidInput:
         if all(seen["field"] != item["field"] for seen in details):
             details.append(item)
     return InvalidInput.from_details(details)
+
+
+class ExplainNodeInput(serializers.Serializer):
+    """`capacity/explain`'s own field: the one node to explain."""
+
+    nodeId = StrictRegexField(NODE_ID_REGEX, max_length=57)
+
+
+class ExplainInput(ReservationRequestSerializer):
+    """The body of `capacity/explain`: a preview's, and optionally one node (for the OpenAPI document)."""
+
+    nodeId = StrictRegexField(NODE_ID_REGEX, max_length=57, required=False)
 
 
 def parse_reservation_request(data: dict[str, Any], *, now_ms: int | None = None) -> ReservationRequest:

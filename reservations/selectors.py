@@ -277,3 +277,25 @@ def capacity_preview(*, request: ReservationRequest, pool: Pool) -> dict[str, An
         "reason": reason,
         "preemptible": preemptible,
     }
+
+
+def capacity_explain(
+    *, request: ReservationRequest, pool: Pool, node_id: str | None = None
+) -> dict[str, Any]:
+    """`capacity/explain`: per filter of the placer, the nodes it removes and why, with the preview.
+
+    `node_id` narrows it to one node of the pool (NOT_FOUND for any other).
+    The reasons name atoms, counts and times only (`reservations.placer.explain`).
+    """
+    from core.errors import NotFound
+    from inventory.models import Node
+    from reservations.placer.explain import placement_explain
+    from reservations.placer.plan import placement_window
+
+    if node_id is not None and not Node.objects.filter(pk=node_id, pool_id=pool.pk).exists():
+        raise NotFound("node not found in the pool")
+    window = placement_window(request=request)
+    return {
+        **placement_explain(request=request, window=window, node_id=node_id),
+        "preview": capacity_preview(request=request, pool=pool),
+    }

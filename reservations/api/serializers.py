@@ -105,3 +105,28 @@ class PreviewOutput(serializers.Serializer):
     candidates = CandidateOutput(many=True)
     reason = ReasonOutput(allow_null=True)
     preemptible = PreemptibleOutput(allow_null=True)
+
+
+class ExplainSampleOutput(serializers.Serializer):
+    nodeId = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class ExplainRemovedOutput(serializers.Serializer):
+    notSchedulable = serializers.DictField(
+        child=serializers.IntegerField(), help_text="per bucket: maintenance, unreachable, unhealthy, ..."
+    )
+    scalars = serializers.IntegerField()
+    selector = serializers.IntegerField()
+    noFreeAtoms = serializers.IntegerField()
+    topology = serializers.IntegerField()
+
+
+class ExplainOutput(serializers.Serializer):
+    nodes = serializers.IntegerField(help_text="the nodes looked at: the pool's, or the one named")
+    removed = ExplainRemovedOutput()
+    fit = serializers.IntegerField(help_text="nodes no filter removed")
+    samples = serializers.DictField(
+        child=ExplainSampleOutput(many=True), help_text="up to 10 nodes per filter, each with its reason"
+    )
+    preview = PreviewOutput()

@@ -19,6 +19,7 @@ from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_output, rpc_te
 from core.authentication import actor_of, principal_of
 from core.decisions import CAPACITY_READ, RESERVATIONS_READ, RESERVATIONS_WRITE
 from reservations.api.serializers import (
+    ExplainOutput,
     PreviewOutput,
     ReservationListInput,
     ReservationListOutput,
@@ -26,8 +27,9 @@ from reservations.api.serializers import (
     ReservationRefInput,
 )
 from reservations.models import Reservation
-from reservations.request import ReservationRequestSerializer
+from reservations.request import ExplainInput, ExplainNodeInput, ReservationRequestSerializer
 from reservations.selectors import (
+    capacity_explain,
     capacity_preview,
     reservation_get,
     reservation_list,
@@ -185,3 +187,35 @@ class PreviewViewSet(RpcViewSet):
             principal=principal_of(request), data=request.data, permission=CAPACITY_READ
         )
         return rpc_output(PreviewOutput, capacity_preview(request=resolved.request, pool=resolved.pool))
+
+    @rpc_action(
+        "explain",
+        request=ExplainInput,
+        response=ExplainOutput,
+        summary="Why not: how many nodes each filter of the placer removes, and why",
+        description=(
+            "The capacity.preview input, plus an optional `nodeId` to explain that one node. Every node of "
+            "the pool falls in the first filter that removes it, in the order the placer applies them: "
+            "`notSchedulable` (per bucket), `scalars`, `selector` (too few healthy atoms of the class "
+            "match), "
+            "`noFreeAtoms` (too few of those are free for the window), `topology` (NVLink domain or the "
+            "gang's label); the rest `fit`, so the counts add up to `nodes`. Up to 10 nodes per filter "
+            "come with the precise reason, naming atoms, counts and times, never a booking or another "
+            "tenant's reservation. `preview` is what capacity.preview answers for the same request. "
+            + _decided_on_pool("reservations/create")
+            + " NOT_FOUND too when `nodeId` is not a node of the pool."
+        ),
+    )
+    def explain(self, request: Request) -> Response:
+        body = request.data
+        node_id = None
+        if isinstance(body, dict) and "nodeId" in body:
+            body = dict(body)
+            node = ExplainNodeInput(data={"nodeId": body.pop("nodeId")})
+            node.is_valid(raise_exception=True)
+            node_id = node.validated_data["nodeId"]
+        resolved = reservation_request_resolve(
+            principal=principal_of(request), data=body, permission=CAPACITY_READ
+        )
+        answer = capacity_explain(request=resolved.request, pool=resolved.pool, node_id=node_id)
+        return rpc_output(ExplainOutput, answer)

@@ -142,7 +142,13 @@ def world(db: Any) -> World:
 TENANT_READS = ("capacity/summary", "reservations/list")
 RESERVATION_READS = ("reservations/get",)
 RESERVATION_WRITES = ("reservations/renew", "reservations/release")
-POOL_READS = ("capacity/byPool", "pools/capacity", "capacity/timeline", "capacity/preview")
+POOL_READS = (
+    "capacity/byPool",
+    "pools/capacity",
+    "capacity/timeline",
+    "capacity/preview",
+    "capacity/explain",
+)
 POOL_WRITES = ("reservations/create",)
 PLATFORM = (
     "nodes/get",
@@ -178,6 +184,7 @@ def body_for(method: str, kind: str, world: World, cell: str) -> dict[str, Any]:
         "pools/capacity": {"tenantId": CALLER, "poolId": pool.id},
         "capacity/timeline": {"tenantId": CALLER, "poolId": pool.id},
         "capacity/preview": request,
+        "capacity/explain": request,
         "reservations/create": request,
         "nodes/get": {"nodeId": node.id},
         "nodes/list": {"poolId": pool.id},
