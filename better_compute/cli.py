@@ -173,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     capacity.add_argument(
         "--preview", action="store_true", help="would --gpus for --for fit in --pool now, and where?"
     )
+    capacity.add_argument(
+        "--explain",
+        action="store_true",
+        help="why not: how many nodes of --pool each filter removes, and why (capacity/explain)",
+    )
+    capacity.add_argument("--node", help="with --explain: explain this one node (node_…)")
     _request_options(capacity, required=False)
 
     reserve = command("reserve", "Book devices (reservations/create).", cmd_reserve)
@@ -310,6 +316,20 @@ def _reservation_body(ctx: Context, args: argparse.Namespace, key: str) -> tuple
 def cmd_capacity(ctx: Context) -> int:
     args = ctx.args
     request_flags = ("gpus", "duration", "selector", "device_class", "start", "project")
+    if args.node and not args.explain:
+        raise UsageError("--node goes with --explain")
+    if args.explain:
+        if not args.pool or args.gpus is None or args.duration is None:
+            raise UsageError("--explain needs --pool, --gpus and --for")
+        body, asked = _reservation_body(ctx, args, "cli-explain")
+        if args.node:
+            body["nodeId"] = args.node
+        answer = ctx.call("capacity/explain", body)
+        if ctx.as_json:
+            ctx.print_json(answer)
+        else:
+            render.explain(render.console(), answer, asked=asked)
+        return EXIT_OK if answer.get("fit") else EXIT_REFUSED
     if args.preview:
         if not args.pool or args.gpus is None or args.duration is None:
             raise UsageError("--preview needs --pool, --gpus and --for")
@@ -323,7 +343,7 @@ def cmd_capacity(ctx: Context) -> int:
     given = [name for name in request_flags if getattr(args, name) is not None]
     if given:
         flags = ", ".join("--" + {"duration": "for", "device_class": "class"}.get(n, n) for n in given)
-        raise UsageError(f"{flags} go(es) with --preview")
+        raise UsageError(f"{flags} go(es) with --preview or --explain")
     if args.pool:
         pool_id, entry = ctx.pool(args.pool)
         answer = ctx.call("capacity/byPool", {"poolId": pool_id})

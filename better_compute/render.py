@@ -308,6 +308,46 @@ def preview(out: Console, answer: dict[str, Any], *, asked: str) -> None:
         out.print(table)
 
 
+EXPLAIN_LABELS = {
+    "scalars": "scalars do not fit",
+    "selector": "too few atoms match",
+    "noFreeAtoms": "too few free for the window",
+    "topology": "topology (NVLink, gang label)",
+}
+
+
+def explain(out: Console, answer: dict[str, Any], *, asked: str) -> None:
+    """Why not, as bars: the pool's nodes by the first filter that removes them, then sample reasons."""
+    nodes = int(answer.get("nodes") or 0)
+    removed = answer.get("removed") or {}
+    rows: list[tuple[str, int, str]] = [
+        (f"not schedulable: {bucket}", int(count), "yellow")
+        for bucket, count in sorted((removed.get("notSchedulable") or {}).items())
+    ]
+    rows += [(label, int(removed.get(key) or 0), "red") for key, label in EXPLAIN_LABELS.items()]
+    rows.append(("fit", int(answer.get("fit") or 0), "green"))
+    out.print(Text.assemble(("why not: ", "bold"), f"{asked}   ({nodes} node(s) looked at)"))
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column("filter", no_wrap=True)
+    table.add_column("nodes", justify="right")
+    table.add_column("bar", no_wrap=True)
+    width = 40
+    for label, count, style in rows:
+        length = round(width * count / nodes) if nodes else 0
+        table.add_row(label, str(count), Text("█" * max(length, 1 if count else 0), style=style))
+    out.print(table)
+    samples = answer.get("samples") or {}
+    if samples:
+        reasons = Table(title="Sample nodes and why", title_justify="left")
+        reasons.add_column("filter", no_wrap=True)
+        reasons.add_column("node", no_wrap=True)
+        reasons.add_column("reason", overflow="fold")
+        for key, items in samples.items():
+            for item in items:
+                reasons.add_row(key, item["nodeId"], item["reason"])
+        out.print(reasons)
+
+
 # --- Reservations ------------------------------------------------------------------
 
 STATE_STYLES = {

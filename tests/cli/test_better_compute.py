@@ -459,3 +459,47 @@ def test_the_console_script_is_installed_in_the_venv() -> None:
     )
     assert result.returncode == 0
     assert result.stdout.startswith("better-compute ")
+
+
+def test_explain_draws_the_nodes_per_filter_and_exits_1_when_none_fits(
+    cli: Cli, pool: Pool, gpu_node: Node
+) -> None:
+    fits = cli("capacity", "--pool", pool.pk, "--explain", "--gpus", "8", "--for", "1h")
+    assert fits.returncode == 0, fits.stderr
+    assert "why not:" in fits.stdout and "█" in fits.stdout
+    refused = cli(
+        "capacity", "--pool", pool.pk, "--explain", "--gpus", "2", "--for", "1h", "--selector", "vramGiB > 80"
+    )
+    assert refused.returncode == 1, refused.stderr
+    assert "too few atoms match" in refused.stdout and gpu_node.pk in refused.stdout
+    assert "atoms match the selector, 2 gpu asked" in refused.stdout
+    one = cli.json(
+        "capacity", "--pool", pool.pk, "--explain", "--gpus", "8", "--for", "1h", "--node", gpu_node.pk
+    )
+    assert one["nodes"] == 1 and one["fit"] == 1
+    assert (
+        one
+        == cli.api(
+            "capacity/explain",
+            {
+                "poolId": pool.pk,
+                "devices": [{"class": "gpu", "count": 8}],
+                "duration": "1h",
+                "idempotencyKey": "x",
+                "nodeId": gpu_node.pk,
+            },
+        )
+        or one["removed"]
+        == cli.api(
+            "capacity/explain",
+            {
+                "poolId": pool.pk,
+                "devices": [{"class": "gpu", "count": 8}],
+                "duration": "1h",
+                "idempotencyKey": "x",
+                "nodeId": gpu_node.pk,
+            },
+        )["removed"]
+    )
+    misused = cli("capacity", "--pool", pool.pk, "--node", gpu_node.pk)
+    assert misused.returncode == 2 and "--node goes with --explain" in misused.stderr
