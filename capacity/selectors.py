@@ -132,7 +132,8 @@ _FRAGMENTATION_SQL = f"""
 SELECT COALESCE(n.labels ->> %(key)s, '') AS value,
        count(*) AS nodes,
        count(*) FILTER (WHERE c.running = 0) AS nodes_free,
-       count(*) FILTER (WHERE c.running = 0 AND c.atoms >= %(whole)s) AS whole_free,
+       count(*) FILTER (WHERE c.running = 0 AND (c.device_class <> 'gpu' OR c.atoms >= %(whole)s))
+           AS whole_free,
        COALESCE(sum(GREATEST(c.free, 0)) FILTER (WHERE c.running > 0), 0) AS stranded
   FROM node_atom_counts c
   JOIN inventory_node n ON n.id = c.node_id
@@ -155,9 +156,11 @@ def pool_fragmentation(*, pool_id: str, sharing: str) -> dict[str, Any]:
     Per value of the node label `fabric` (`""` for nodes without it), over the
     schedulable nodes with healthy atoms of the pool's GPU class: `nodes`;
     `nodesFree`, those with none of them booked now; `wholeNodeGang`, those of
-    them with at least eight, the largest gang of whole 8-GPU nodes that would
-    fit now on that fabric; `strandedAtoms`, the free atoms on partly booked
-    nodes, which no whole-node request can use.
+    them with at least eight whole GPUs, the largest gang of whole 8-GPU nodes
+    that would fit now on that fabric (in a MIG or time-slice pool, where the
+    atoms are parts of GPUs, every free node: a whole-node lease takes it all);
+    `strandedAtoms`, the free atoms on partly booked nodes, which no
+    whole-node request can use.
     """
     device_class = pool_gpu_class(sharing)
     with connection.cursor() as cursor:

@@ -42,8 +42,8 @@ class FragmentationGroupSerializer(serializers.Serializer):
     nodes = serializers.IntegerField(help_text="schedulable nodes with healthy atoms of the class")
     nodesFree = serializers.IntegerField(help_text="of those, nodes with none of those atoms booked now")
     wholeNodeGang = serializers.IntegerField(
-        help_text="of the free ones, nodes with eight or more: the largest gang of whole 8-GPU nodes"
-        " that fits now"
+        help_text="of the free ones, nodes with eight or more whole GPUs: the largest gang of whole"
+        " 8-GPU nodes that fits now (in a MIG or time-slice pool, every free node)"
     )
     strandedAtoms = serializers.IntegerField(help_text="free atoms on partly booked nodes")
 

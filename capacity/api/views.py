@@ -50,8 +50,9 @@ BY_POOL_DESCRIPTION = (
     "`atRiskReservations` counts the pool's live reservations (every tenant's) that BookingRepair could "
     "not move off a node or atom that left the schedulable set. `fragmentation` says, per value of the "
     "node label `fabric`, how many schedulable nodes have atoms of the pool's GPU class, how many of them "
-    "have none booked now, how many of those hold eight or more (the largest gang of whole 8-GPU nodes that "
-    "would fit now) and how many free atoms sit on partly booked nodes (stranded). NOT_FOUND when the "
+    "have none booked now, how many of those hold eight or more whole GPUs (the largest gang of whole "
+    "8-GPU nodes that would fit now; every free node in a MIG or time-slice pool) and how many free atoms "
+    "sit on partly booked nodes (stranded). NOT_FOUND when the "
     "pool is not owned by or offered to the tenant, or is archived and the tenant is not its owner."
 )
 
