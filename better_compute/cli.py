@@ -313,33 +313,35 @@ def _reservation_body(ctx: Context, args: argparse.Namespace, key: str) -> tuple
     return body, asked
 
 
+def _ask_placer(
+    ctx: Context, method: str, *, extra: dict[str, Any], draw: Callable[..., None], answered: str
+) -> int:
+    """`capacity --preview` or `--explain`: the request's flags to `capacity/<method>`, drawn or as JSON.
+
+    Exits 0 when the answer's `answered` field says something fits, else 1.
+    """
+    args = ctx.args
+    if not args.pool or args.gpus is None or args.duration is None:
+        raise UsageError(f"--{method} needs --pool, --gpus and --for")
+    body, asked = _reservation_body(ctx, args, f"cli-{method}")
+    answer = ctx.call(f"capacity/{method}", {**body, **extra})
+    if ctx.as_json:
+        ctx.print_json(answer)
+    else:
+        draw(render.console(), answer, asked=asked)
+    return EXIT_OK if answer.get(answered) else EXIT_REFUSED
+
+
 def cmd_capacity(ctx: Context) -> int:
     args = ctx.args
     request_flags = ("gpus", "duration", "selector", "device_class", "start", "project")
     if args.node and not args.explain:
         raise UsageError("--node goes with --explain")
     if args.explain:
-        if not args.pool or args.gpus is None or args.duration is None:
-            raise UsageError("--explain needs --pool, --gpus and --for")
-        body, asked = _reservation_body(ctx, args, "cli-explain")
-        if args.node:
-            body["nodeId"] = args.node
-        answer = ctx.call("capacity/explain", body)
-        if ctx.as_json:
-            ctx.print_json(answer)
-        else:
-            render.explain(render.console(), answer, asked=asked)
-        return EXIT_OK if answer.get("fit") else EXIT_REFUSED
+        extra = {"nodeId": args.node} if args.node else {}
+        return _ask_placer(ctx, "explain", extra=extra, draw=render.explain, answered="fit")
     if args.preview:
-        if not args.pool or args.gpus is None or args.duration is None:
-            raise UsageError("--preview needs --pool, --gpus and --for")
-        body, asked = _reservation_body(ctx, args, "cli-preview")
-        answer = ctx.call("capacity/preview", body)
-        if ctx.as_json:
-            ctx.print_json(answer)
-        else:
-            render.preview(render.console(), answer, asked=asked)
-        return EXIT_OK if answer.get("fits") else EXIT_REFUSED
+        return _ask_placer(ctx, "preview", extra={}, draw=render.preview, answered="fits")
     given = [name for name in request_flags if getattr(args, name) is not None]
     if given:
         flags = ", ".join("--" + {"duration": "for", "device_class": "class"}.get(n, n) for n in given)
