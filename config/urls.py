@@ -26,5 +26,6 @@ urlpatterns = [
 ]
 
 # Outside /api/ these fall back to Django's own pages (the admin).
+handler400 = "core.api.handler400"
 handler404 = "core.api.handler404"
 handler500 = "core.api.handler500"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import DisallowedHost, RequestDataTooBig, SuspiciousOperation
 from django.core.validators import RegexValidator
 from django.http import Http404, HttpRequest, HttpResponsePermanentRedirect, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -180,6 +180,18 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
     from django.views.defaults import page_not_found
 
     return page_not_found(request, exception or Http404())
+
+
+def handler400(request: HttpRequest, exception: Exception | None = None) -> Any:
+    """A request Django refused before any view (a Host it does not serve, ...): the envelope for `/api/`."""
+    if _is_api_path(request):
+        message = "the request was refused before reaching a method"
+        if isinstance(exception, DisallowedHost):
+            message = "the Host header names no host this service answers to"
+        return JsonResponse(error_body("INVALID_INPUT", message), status=400)
+    from django.views.defaults import bad_request
+
+    return bad_request(request, exception or SuspiciousOperation())
 
 
 def handler500(request: HttpRequest) -> Any:

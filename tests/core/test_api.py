@@ -96,6 +96,21 @@ def test_an_unknown_api_url_is_not_found_in_the_envelope(owner_client: APIClient
     assert_error(response.status_code, response.json(), "NOT_FOUND", 404)
 
 
+@pytest.mark.parametrize("host", ["", "evil.example", "bad host"])
+def test_a_host_header_the_service_does_not_serve_is_refused_in_the_envelope(
+    owner_client: APIClient, host: str
+) -> None:
+    # Django refuses the Host in its middleware, before any view; the admin keeps Django's page.
+    response = owner_client.post(
+        "/api/compute/capacity/summary", {"tenantId": "acme"}, format="json", HTTP_HOST=host
+    )
+    assert response["Content-Type"].startswith("application/json")
+    assert_error(response.status_code, response.json(), "INVALID_INPUT", 400)
+    assert response.json()["error"]["message"] == "the Host header names no host this service answers to"
+    admin = owner_client.get("/admin/login/", HTTP_HOST=host)
+    assert admin.status_code == 400 and admin["Content-Type"].startswith("text/html")
+
+
 def test_an_error_outside_a_view_is_internal_in_the_envelope_without_a_traceback() -> None:
     response = handler500(RequestFactory().post("/api/compute/capacity/summary"))
     body = json.loads(response.content)
