@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import psycopg
 
 from inventory.choices import GPU_ATOM_CLASSES
+from reservations.counts import NODE_ATOM_COUNTS_SQL
 
 PAST_DAYS = 30
 FUTURE_DAYS = 7
@@ -174,6 +175,13 @@ def bookings_fill(*, conninfo: str, target_bookings: int) -> FillResult:
         bookings = conn.execute(_BOOKINGS_SQL).rowcount
         for statement in gist:
             conn.execute(statement)  # type: ignore[arg-type]
+        # The triggers that keep the placer's per-node counts were skipped too:
+        # recount them from what was written, as the migration that made them did.
+        conn.execute("DELETE FROM node_atom_counts")
+        conn.execute(
+            "INSERT INTO node_atom_counts (node_id, pool_id, device_class, atoms, running)"
+            f" SELECT * FROM ({NODE_ATOM_COUNTS_SQL}) c"
+        )
         row = conn.execute(
             "SELECT count(*) FILTER (WHERE during @> compute_now()),"
             " count(*) FILTER (WHERE lower(during) > compute_now()) FROM device_bookings"
