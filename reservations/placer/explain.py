@@ -52,7 +52,8 @@ def _classify_sql(*, request: ReservationRequest, window: Window, node_id: str |
         for resource, amount in sorted(request.resources.items())
         if amount and amount > 0
     )
-    items = []
+    columns: list[str] = []
+    joins: list[str] = []
     for index, item in enumerate(request.devices):
         busy = blocking_booking_sql(device="d", window_expr=window_expr, displace=False)
         matching = f"d.device_class = {q.p(item.device_class)} AND {selector_sql(item.selector, q)}"
@@ -65,11 +66,13 @@ def _classify_sql(*, request: ReservationRequest, window: Window, node_id: str |
             )
         else:
             domains = count
-        items.append(
-            f"(SELECT ROW(count(*) FILTER (WHERE {matching}) >= {count},"
-            f" count(*) FILTER (WHERE {matching} AND NOT {busy}) >= {count}) FROM inventory_device d"
-            f" WHERE d.node_id = n.id AND d.bookable AND d.healthy)::text AS item_{index},"
-            f" {domains} >= {count} AS nvl_{index}"
+        # Per item, one pass over the node's healthy atoms: enough match, enough of those are free.
+        columns.append(f"i{index}.matching AS match_{index}, i{index}.free AS free_{index}")
+        columns.append(f"{domains} >= {count} AS nvl_{index}")
+        joins.append(
+            f" CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE {matching}) >= {count} AS matching,"
+            f" count(*) FILTER (WHERE {matching} AND NOT {busy}) >= {count} AS free FROM inventory_device d"
+            f" WHERE d.node_id = n.id AND d.bookable AND d.healthy) i{index}"
         )
     gang = f"n.labels ? {q.p(gang_key(request))}" if request.gang_size else "true"
     where = f"n.pool_id = {q.p(request.pool_id)}"
@@ -77,8 +80,8 @@ def _classify_sql(*, request: ReservationRequest, window: Window, node_id: str |
         where += f" AND n.id = {q.p(node_id)}"
     return (
         f"SELECT n.id, {bucket_sql('n', 'p.owner_id')} AS bucket, {scalars or 'true'} AS scalars_ok,"
-        f" {gang} AS labelled, {', '.join(items)}"
-        " FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id"
+        f" {gang} AS labelled, {', '.join(columns)}"
+        f" FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id{''.join(joins)}"
         f" WHERE {where} ORDER BY n.id"
     )
 
@@ -89,10 +92,9 @@ def _classify(row: dict[str, Any], items: int) -> tuple[str, str | None]:
         return "notSchedulable", row["bucket"]
     if not row["scalars_ok"]:
         return "scalars", None
-    parsed = [row[f"item_{i}"].strip("()").split(",") for i in range(items)]
-    if not all(matching == "t" for matching, _ in parsed):
+    if not all(row[f"match_{i}"] for i in range(items)):
         return "selector", None
-    if not all(free == "t" for _, free in parsed):
+    if not all(row[f"free_{i}"] for i in range(items)):
         return "noFreeAtoms", None
     if not row["labelled"] or not all(row[f"nvl_{i}"] for i in range(items)):
         return "topology", None
