@@ -196,8 +196,8 @@ def daemon_assign(
             )
 
 
-def _assignments_of(reservation_id: str) -> list[NodeAssignment]:
-    """What the control plane committed for a reservation, one assignment per node (allocation)."""
+def _assignments_of(reservation_id: str, node_id: str | None = None) -> list[NodeAssignment]:
+    """What the control plane committed for a reservation (on one node, if named), one per allocation."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT a.node_id, a.id, a.resources, r.request -> 'node', d.uid,"
@@ -205,8 +205,9 @@ def _assignments_of(reservation_id: str) -> list[NodeAssignment]:
             " FROM reservations_allocation a JOIN reservations_reservation r ON r.id = a.reservation_id"
             " JOIN device_bookings b ON b.allocation_id = a.id"
             " JOIN inventory_device d ON d.id = b.device_id WHERE a.reservation_id = %s"
+            " AND (%s::varchar IS NULL OR a.node_id = %s)"
             " ORDER BY a.node_id, a.id, d.uid",
-            [reservation_id],
+            [reservation_id, node_id, node_id],
         )
         out: dict[tuple[str, str], NodeAssignment] = {}
         for node_id, allocation_id, resources, profile, uid, start, end in cursor.fetchall():
@@ -247,12 +248,17 @@ def daemon_deliver(*, reservation_id: str) -> AllocationFailed | None:
     sends the shortened bookings, not the ones it was created with.
     """
     try:
-        for node_id in sorted({assignment.node_id for assignment in _assignments_of(reservation_id)}):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT DISTINCT node_id FROM reservations_allocation WHERE reservation_id = %s ORDER BY 1",
+                [reservation_id],
+            )
+            node_ids = [node_id for (node_id,) in cursor.fetchall()]
+        for node_id in node_ids:
             with transaction.atomic(), connection.cursor() as cursor:
                 _lock_node(cursor, node_id)
-                for assignment in _assignments_of(reservation_id):
-                    if assignment.node_id == node_id:
-                        _assign_or_refresh(assignment)
+                for assignment in _assignments_of(reservation_id, node_id):
+                    _assign_or_refresh(assignment)
     except AllocationFailed as exc:
         logger.warning("node refused reservation %s: %s", reservation_id, exc)
         return exc
