@@ -305,8 +305,12 @@ def test_the_deadline_queries_use_their_partial_indexes() -> None:
             ends_plan = "\n".join(row[0] for row in cursor.fetchall())
         finally:
             cursor.execute("RESET enable_seqscan")
-    assert "reservation_lease_live" in lease_plan, lease_plan
+    # Both read only live reservations through a partial index. Which of the two
+    # partial indexes serves the lease query is the planner's choice from the
+    # table's statistics (other tests leave rows behind them), so either passes.
+    assert "reservation_lease_live" in lease_plan or "reservation_live_ends" in lease_plan, lease_plan
     assert "reservation_live_ends" in ends_plan, ends_plan
+    assert "Seq Scan" not in lease_plan + ends_plan
 
 
 def test_a_create_wakes_the_worker_with_its_nearest_deadline(owned_pool: Pool) -> None:
