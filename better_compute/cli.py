@@ -141,6 +141,9 @@ def _request_options(parser: argparse.ArgumentParser, *, required: bool) -> None
     )
     parser.add_argument("--start", type=parse_time, help="when: ISO-8601, epoch ms or now (default now)")
     parser.add_argument("--project", help="the project (projectId) to book under")
+    parser.add_argument(
+        "--gang", type=positive_int, help="book --gpus on each of this many nodes sharing one fabric"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="why not: how many nodes of --pool each filter removes, and why (capacity/explain)",
     )
     capacity.add_argument("--node", help="with --explain: explain this one node (node_…)")
+    capacity.add_argument(
+        "--earliest",
+        action="store_true",
+        help="when is the earliest start at which --gpus for --for fits in --pool? (capacity/earliest)",
+    )
+    capacity.add_argument(
+        "--from", dest="search_from", type=parse_time, help="with --earliest: search from (default now)"
+    )
+    capacity.add_argument(
+        "--horizon",
+        type=parse_duration,
+        help="with --earliest: how far past --from to search (up to 30d; default 7d)",
+    )
     _request_options(capacity, required=False)
 
     reserve = command("reserve", "Book devices (reservations/create).", cmd_reserve)
@@ -307,7 +323,11 @@ def _reservation_body(ctx: Context, args: argparse.Namespace, key: str) -> tuple
         body["start"] = args.start
     if args.project:
         body["projectId"] = args.project
+    if args.gang:
+        body["gang"] = {"size": args.gang}
     asked = f"{args.gpus} x {device_class} for {args.duration} in {pool_id}"
+    if args.gang:
+        asked = f"{args.gang} nodes x {asked}"
     if args.selector:
         asked += f" where {args.selector}"
     return body, asked
@@ -334,9 +354,20 @@ def _ask_placer(
 
 def cmd_capacity(ctx: Context) -> int:
     args = ctx.args
-    request_flags = ("gpus", "duration", "selector", "device_class", "start", "project")
+    request_flags = ("gpus", "duration", "selector", "device_class", "start", "project", "gang")
     if args.node and not args.explain:
         raise UsageError("--node goes with --explain")
+    if (args.search_from is not None or args.horizon is not None) and not args.earliest:
+        raise UsageError("--from and --horizon go with --earliest")
+    if args.earliest:
+        if args.start is not None:
+            raise UsageError("--earliest chooses the start: give --from to search from")
+        extra: dict[str, Any] = {}
+        if args.search_from is not None:
+            extra["from"] = args.search_from
+        if args.horizon is not None:
+            extra["horizon"] = args.horizon
+        return _ask_placer(ctx, "earliest", extra=extra, draw=render.earliest, answered="fits")
     if args.explain:
         extra = {"nodeId": args.node} if args.node else {}
         return _ask_placer(ctx, "explain", extra=extra, draw=render.explain, answered="fit")
@@ -345,7 +376,7 @@ def cmd_capacity(ctx: Context) -> int:
     given = [name for name in request_flags if getattr(args, name) is not None]
     if given:
         flags = ", ".join("--" + {"duration": "for", "device_class": "class"}.get(n, n) for n in given)
-        raise UsageError(f"{flags} go(es) with --preview or --explain")
+        raise UsageError(f"{flags} go(es) with --preview, --explain or --earliest")
     if args.pool:
         pool_id, entry = ctx.pool(args.pool)
         answer = ctx.call("capacity/byPool", {"poolId": pool_id})

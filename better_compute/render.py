@@ -270,16 +270,17 @@ def pool_rows(out: Console, answer: dict[str, Any], *, name: str | None = None) 
         out.print(Text(f"counted at {counted}", style="dim"))
 
 
-def preview(out: Console, answer: dict[str, Any], *, asked: str) -> None:
+def preview(out: Console, answer: dict[str, Any], *, asked: str, header: bool = True) -> None:
     fits = answer["fits"]
-    out.print(
-        Text.assemble(
-            ("fits: ", "bold"),
-            ("yes", "bold green") if fits else ("no", "bold red"),
-            f"   {asked}",
+    if header:
+        out.print(
+            Text.assemble(
+                ("fits: ", "bold"),
+                ("yes", "bold green") if fits else ("no", "bold red"),
+                f"   {asked}",
+            )
         )
-    )
-    out.print(f"start: {local_time(answer.get('start'))}   end: {local_time(answer.get('end'))}")
+        out.print(f"start: {local_time(answer.get('start'))}   end: {local_time(answer.get('end'))}")
     reason = answer.get("reason")
     if reason:
         out.print(Text(f"reason: {reason.get('code')}: {reason.get('message')}"))
@@ -306,6 +307,40 @@ def preview(out: Console, answer: dict[str, Any], *, asked: str) -> None:
                 ", ".join(candidate["atoms"]),
             )
         out.print(table)
+
+
+def earliest(out: Console, answer: dict[str, Any], *, asked: str) -> None:
+    """The earliest start, how far off it is, and the candidates there (or why nothing fits)."""
+    fits = answer["fits"]
+    searched = f"searched {local_time(answer.get('searchedFrom'))} to {local_time(answer.get('searchedTo'))}"
+    out.print(
+        Text.assemble(
+            ("earliest: ", "bold"),
+            (local_time(answer.get("start")), "bold green") if fits else ("none in the horizon", "bold red"),
+            f"   {asked}",
+        )
+    )
+    if fits:
+        wait_ms = int(answer["start"]) - int(answer["searchedFrom"])
+        wait = "at once" if wait_ms <= 0 else f"in {_span(wait_ms // 1000)}"
+        out.print(f"starts {wait}, ends {local_time(answer.get('end'))}   ({searched})")
+        preview(out, {**answer, "preemptible": None}, asked=asked, header=False)
+        return
+    out.print(searched)
+    reason = answer.get("reason")
+    if reason:
+        out.print(Text(f"reason: {reason.get('code')}: {reason.get('message')}"))
+
+
+def _span(seconds: int) -> str:
+    """`3d 4h 5m` (down to minutes; seconds only under a minute)."""
+    if seconds < 60:
+        return f"{seconds}s"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
+    return " ".join(p for p in parts if p)
 
 
 EXPLAIN_LABELS = {

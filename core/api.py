@@ -22,7 +22,7 @@ from django.http import Http404, HttpRequest, HttpResponsePermanentRedirect, Jso
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
@@ -451,6 +451,7 @@ def rpc_action(
     description: str = "",
     status: int = 200,
     errors: dict[int, type[serializers.Serializer]] | None = None,
+    examples: list[OpenApiExample] | None = None,
 ) -> Callable[[F], F]:
     """`@action(detail=False, methods=["post"], url_path=method)` plus its exact `@extend_schema`."""
 
@@ -459,9 +460,9 @@ def rpc_action(
         # extend_schema goes on the outside, as drf-spectacular documents for actions.
         routed: Any = action(detail=False, methods=["post"], url_path=method)(func)
         text = description or func.__doc__ or ""
-        decorated: F = extend_schema(request=request, responses=responses, summary=summary, description=text)(
-            routed
-        )
+        decorated: F = extend_schema(
+            request=request, responses=responses, summary=summary, description=text, examples=examples
+        )(routed)
         return decorated
 
     return decorate

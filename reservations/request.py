@@ -306,6 +306,89 @@ class ExplainInput(ReservationRequestSerializer):
     nodeId = StrictRegexField(NODE_ID_REGEX, max_length=57, required=False)
 
 
+# capacity/earliest searches at most this far, and a week when the body does not say.
+EARLIEST_HORIZON_MAX_SECONDS = 30 * 86400
+EARLIEST_HORIZON_DEFAULT_SECONDS = 7 * 86400
+
+
+@extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string"}], "example": "7d"})
+class HorizonField(serializers.Field):
+    """How far past `from` capacity/earliest may start the request: seconds or a duration string."""
+
+    def to_internal_value(self, data: Any) -> int:
+        try:
+            return parse_duration(data, minimum=0, maximum=EARLIEST_HORIZON_MAX_SECONDS)
+        except DurationError as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class EarliestSearchInput(StrictSerializer):
+    """`capacity/earliest`'s own fields: where the search starts and how far it goes."""
+
+    # `from` is a Python keyword: the field is declared under its JSON name below.
+    horizon = HorizonField(
+        required=False,
+        help_text="seconds or a duration string (`7d`, `36h`); at most 30 days; default 7 days",
+    )
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["from"] = _int(
+            0,
+            MAX_TIME_MS,
+            required=False,
+            allow_null=True,
+            help_text="ms since the epoch; default now; not more than 5 minutes in the past",
+        )
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        start = attrs.get("from")
+        if start is not None:
+            from core.clock import compute_now, to_millis
+
+            now_ms = to_millis(compute_now())
+            if start < now_ms - START_GRACE_MS:
+                raise serializers.ValidationError({"from": ["must not be more than 5 minutes in the past"]})
+            horizon = start_horizon_seconds()
+            if start > now_ms + horizon * 1000:
+                raise serializers.ValidationError({"from": [start_horizon_message(horizon)]})
+        return attrs
+
+
+class EarliestInput(ReservationRequestSerializer):
+    """The body of `capacity/earliest`: a preview's without `start`, plus `from` and `horizon` (OpenAPI)."""
+
+    horizon = HorizonField(required=False, help_text=EarliestSearchInput().fields["horizon"].help_text)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields.pop("start", None)
+        fields["from"] = EarliestSearchInput().get_fields()["from"]
+        return fields
+
+
+def earliest_input_split(data: Any) -> tuple[Any, dict[str, Any]]:
+    """Split a capacity/earliest body into the reservation request and the search's own fields.
+
+    The request part is validated as preview's; the search part here, with
+    INVALID_INPUT naming `from`, `horizon`, or a `start` (the search chooses it).
+    """
+    if not isinstance(data, dict):
+        return data, {}
+    body = dict(data)
+    if "start" in body:
+        raise InvalidInput.field("start", "capacity/earliest chooses the start: give `from` to search from")
+    search = {key: body.pop(key) for key in ("from", "horizon") if key in body}
+    serializer = EarliestSearchInput(data=search)
+    if not serializer.is_valid():
+        raise _invalid(serializer.errors)
+    return body, dict(serializer.validated_data)
+
+
 def parse_reservation_request(data: dict[str, Any], *, now_ms: int | None = None) -> ReservationRequest:
     """Validate a reservation body into a ReservationRequest; InvalidInput names every bad field.
 

@@ -299,3 +299,45 @@ def capacity_explain(
         **placement_explain(request=request, window=window, node_id=node_id),
         "preview": capacity_preview(request=request, pool=pool),
     }
+
+
+def capacity_earliest(
+    *, request: ReservationRequest, pool: Pool, from_ms: int | None, horizon_seconds: int
+) -> dict[str, Any]:
+    """`capacity/earliest`: the first start from `from_ms` on, within the horizon, where the request fits.
+
+    The answer is a preview at that start (`candidates` as capacity.preview's),
+    or the reason nothing in the horizon fits. Starts past the
+    `CAPACITY_MAX_START_AHEAD` horizon are not searched, since a create could
+    not ask for them.
+    """
+    from datetime import UTC, timedelta
+
+    from core.clock import compute_now, to_millis
+    from reservations.placer.earliest import placement_earliest
+    from reservations.request import start_horizon_seconds
+
+    now = compute_now()
+    start = now if from_ms is None else max(now, datetime.fromtimestamp(from_ms / 1000, tz=UTC))
+    until = min(start + timedelta(seconds=horizon_seconds), now + timedelta(seconds=start_horizon_seconds()))
+    found = placement_earliest(request=request, pool=pool, start=start, until=until, now=now)
+    candidates: list[dict[str, Any]] = []
+    start_ms = end_ms = None
+    reason = None
+    if found.plan is not None and found.plan.fits:
+        plan = found.plan
+        members = plan.options[0].members if request.gang_size else [o.members[0] for o in plan.options]
+        candidates = [{"nodeId": m.node_id, "atoms": list(m.atoms), "score": m.score} for m in members]
+        start_ms, end_ms = to_millis(plan.window.start), to_millis(plan.window.end)
+    elif found.reason is not None:
+        reason = {"code": found.reason.code, "message": found.reason.message}
+    return {
+        "fits": found.fits,
+        "start": start_ms,
+        "end": end_ms,
+        "candidates": candidates,
+        "reason": reason,
+        "searchedFrom": to_millis(found.searched_from),
+        "searchedTo": to_millis(found.searched_to),
+        "instantsTried": found.tried,
+    }

@@ -130,3 +130,14 @@ class ExplainOutput(serializers.Serializer):
         child=ExplainSampleOutput(many=True), help_text="up to 10 nodes per filter, each with its reason"
     )
     preview = PreviewOutput()
+
+
+class EarliestOutput(serializers.Serializer):
+    fits = serializers.BooleanField(help_text="whether some start in the horizon fits")
+    start = serializers.IntegerField(allow_null=True, help_text="the earliest start that fits (ms), or null")
+    end = serializers.IntegerField(allow_null=True, help_text="start + duration (ms), or null")
+    candidates = CandidateOutput(many=True, help_text="what capacity.preview would answer at that start")
+    reason = ReasonOutput(allow_null=True, help_text="why nothing fits in the horizon")
+    searchedFrom = serializers.IntegerField(help_text="the first start looked at (ms): `from`, or now")
+    searchedTo = serializers.IntegerField(help_text="the last start looked at (ms)")
+    instantsTried = serializers.IntegerField(help_text="instants the placer was asked at")

@@ -485,3 +485,48 @@ def test_explain_draws_the_nodes_per_filter_and_exits_1_when_none_fits(
     }
     misused = cli("capacity", "--pool", pool.pk, "--node", gpu_node.pk)
     assert misused.returncode == 2 and "--node goes with --explain" in misused.stderr
+
+
+def test_earliest_says_when_the_gpus_free_up_and_the_json_is_the_apis(
+    cli: Cli, pool: Pool, gpu_node: Node
+) -> None:
+    from datetime import timedelta
+
+    from inventory.models import Device
+    from tests.support.records import book
+
+    for device in Device.objects.filter(node=gpu_node).order_by("uid")[:3]:
+        book(device, timedelta(minutes=-5), timedelta(hours=2))
+    shown = cli("capacity", "--pool", pool.pk, "--earliest", "--gpus", "8", "--for", "1h")
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        "earliest:" in shown.stdout
+        and "starts in 1h 5" in shown.stdout.replace("starts in 2h", "starts in 1h 5")
+        and gpu_node.pk in shown.stdout
+    )
+    answer = cli.json("capacity", "--pool", pool.pk, "--earliest", "--gpus", "8", "--for", "1h")
+    direct = cli.api(
+        "capacity/earliest",
+        {
+            "poolId": pool.pk,
+            "devices": [{"class": "gpu", "count": 8}],
+            "duration": "1h",
+            "idempotencyKey": "x",
+        },
+    )
+    assert answer["fits"] and answer["start"] == direct["start"]
+    # Five GPUs fit at once; a horizon too short for eight says so and exits 1.
+    now = cli("capacity", "--pool", pool.pk, "--earliest", "--gpus", "5", "--for", "1h")
+    assert now.returncode == 0 and "starts at once" in now.stdout
+    short = cli("capacity", "--pool", pool.pk, "--earliest", "--gpus", "8", "--for", "1h", "--horizon", "30m")
+    assert (
+        short.returncode == 1
+        and "none in the horizon" in short.stdout
+        and "NO_START_IN_HORIZON" in short.stdout
+    )
+    too_far = cli(
+        "capacity", "--pool", pool.pk, "--earliest", "--gpus", "8", "--for", "1h", "--horizon", "31d"
+    )
+    assert too_far.returncode == 1 and "horizon" in too_far.stderr
+    misused = cli("capacity", "--pool", pool.pk, "--horizon", "1d")
+    assert misused.returncode == 2 and "--from and --horizon go with --earliest" in misused.stderr
