@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     capacity = command(
         "capacity",
         "The pools' capacity (capacity/summary), one pool's rows (--pool: capacity/byPool), "
-        "or a placement preview (--preview: capacity/preview).",
+        "a placement preview (--preview: capacity/preview), why not (--explain) or when (--earliest).",
         cmd_capacity,
     )
     capacity.add_argument("--pool", help="a pool id (pool_…) or name")
