@@ -350,7 +350,7 @@ class EarliestSearchInput(StrictSerializer):
         if start is not None:
             from core.clock import compute_now, to_millis
 
-            now_ms = to_millis(compute_now())
+            now_ms = int(to_millis(compute_now()) or 0)
             if start < now_ms - START_GRACE_MS:
                 raise serializers.ValidationError({"from": ["must not be more than 5 minutes in the past"]})
             horizon = start_horizon_seconds()
