@@ -44,6 +44,8 @@ from reservations.request_types import ReservationRequest
 
 # How many instants one statement names; the placer is asked at each in turn.
 CANDIDATES_PER_QUERY = 16
+# At most this many instants are tried; a search that runs out answers how far it got.
+MAX_TRIED = 100
 # Reasons that no later start can change: answered at once, without a search.
 _TIMELESS = frozenset({"POOL_ARCHIVED", "SHARING_MISMATCH"})
 
@@ -230,6 +232,14 @@ def placement_earliest(
     while True:
         instants = candidate_instants(request=request, after=after, until=until)
         for at in instants:
+            if answer.tried >= MAX_TRIED:
+                # Exact up to here: nothing before `at` fits.
+                answer.searched_to = at
+                answer.reason = Reason(
+                    "SEARCH_LIMIT",
+                    f"no start fits before the {MAX_TRIED} instants tried; search again from searchedTo",
+                )
+                return answer
             # Asked (and answered) at a whole millisecond, the API's resolution:
             # a create at the answer then starts where the placer was asked.
             plan = ask(_ceil_ms(at))

@@ -129,6 +129,23 @@ def test_nothing_in_the_horizon_answers_why_and_the_horizon_is_searched_to_its_e
 
 
 @pytest.mark.django_db
+def test_a_search_that_runs_out_of_tries_says_how_far_it_got(
+    owner_client: APIClient, owned_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reservations.placer import earliest
+
+    node = make_node(owned_pool, hostname="only")
+    ends = _book_all(node, timedelta(minutes=-5), timedelta(hours=3)).during.upper
+    monkeypatch.setattr(earliest, "MAX_TRIED", 1)
+    answer = post_json(owner_client, EARLIEST, body(owned_pool))[1]
+    assert answer["fits"] is False and answer["reason"]["code"] == "SEARCH_LIMIT"
+    assert answer["searchedTo"] == to_millis(ends) and answer["instantsTried"] == 1
+    # Asked again from there, it answers that very instant.
+    again = post_json(owner_client, EARLIEST, body(owned_pool, **{"from": _ms(ends)}))[1]
+    assert again["fits"] and again["start"] == _ms(ends)
+
+
+@pytest.mark.django_db
 def test_bad_input_is_refused_in_the_envelope_and_an_unseen_pool_is_not_found(
     owner_client: APIClient, outsider_client: APIClient, owned_pool: Pool
 ) -> None:
