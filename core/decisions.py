@@ -22,6 +22,8 @@ RESERVATIONS_READ = "compute:reservations:read"
 RESERVATIONS_WRITE = "compute:reservations:write"
 NODES_OPERATE = "compute:nodes:operate"
 INVENTORY_REPORT = "compute:inventory:report"
+# Pools and offerings: create, change, archive, withdraw (`pools/*`, `offerings/*`).
+POOLS_MANAGE = "compute:pools:manage"
 
 # The permissions whose methods change something: counted against the write rate limits.
 WRITE_PERMISSIONS = frozenset({RESERVATIONS_WRITE})
@@ -32,11 +34,12 @@ ROLES_HOLDING: dict[str, frozenset[str]] = {
     RESERVATIONS_WRITE: frozenset({Role.MEMBER, Role.OPERATOR}),
     NODES_OPERATE: frozenset({Role.OPERATOR}),
     INVENTORY_REPORT: frozenset({Role.NODE_AGENT, Role.OPERATOR}),
+    POOLS_MANAGE: frozenset({Role.OPERATOR}),
 }
 
 # Node operations and node reports act on the platform's machines: only a
 # platform binding may grant them.
-PLATFORM_ONLY = frozenset({NODES_OPERATE, INVENTORY_REPORT})
+PLATFORM_ONLY = frozenset({NODES_OPERATE, INVENTORY_REPORT, POOLS_MANAGE})
 
 # Only these roles mean anything on the platform. A platform binding of a
 # viewer or member (which `token_issue` refuses, but a hand-made row could

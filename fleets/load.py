@@ -1,8 +1,13 @@
 """Loading a parsed fleet file: one transaction, set-based and in batches, idempotent.
 
 Loading the same file twice leaves the same rows. Pools, offerings and quota
-limits go through their owners' services; node reports through the same path
-as `inventory/report`.
+limits go through the same services as the management API (`inventory.pools`,
+`ledger.offerings`); node reports through the same path as `inventory/report`.
+
+A pool changed through the API (`pools/*`, `offerings/*`) belongs to the API
+from then on: a file that names it still loads its nodes, but leaves the
+pool's settings, its offerings and their quotas as the API left them, and
+says so in its answer (`keptByApi`), so nothing is undone silently.
 """
 
 from __future__ import annotations
@@ -13,50 +18,74 @@ from django.db import transaction
 
 from core.services import tenants_upsert
 from fleets.spec import BATCH_NODES, NodeSpec, PoolSpec, Progress, fleet_parse
-from inventory.models import Node
-from inventory.registration import NodeDeclaration, nodes_register, offering_ensure, pool_register
-from ledger.quota import quota_limit_set
+from inventory.models import Node, Pool
+from inventory.pools import pool_create, pool_set_archived, pool_update
+from inventory.registration import NodeDeclaration, nodes_register
+from ledger.offerings import offering_declare
 from reservations.layouts import node_reports_apply
 from reservations.node_events import nodes_changing
 
 
-def fleet_load(
-    *, data: Any, actor: str = "fleet-loader", progress: Progress | None = None
-) -> dict[str, dict[str, str]]:
+def fleet_load(*, data: Any, actor: str = "fleet-loader", progress: Progress | None = None) -> dict[str, Any]:
     """Load a fleet document (validated whole first) in one transaction; return the ids.
 
     Idempotent: tenants, pools, offerings, quotas, nodes, taints and devices are
     upserted by their natural keys. Quotas keep their `used`; a `max` below the
     current `used` is raised to `used` (the CHECK allows nothing less, and refusing
-    would make a reload fail while workloads run). Records absent from the file are
-    left alone: a fleet file adds and updates, it never deletes.
+    would make a reload fail while workloads run); a `concurrent` limit is stored
+    as given. An offer's `quotaMode` applies to its quota rows; without one a
+    row keeps its mode (`counter` when new). Records absent from the file are
+    left alone: a fleet file adds and updates, it never deletes. Pools changed
+    through the API are kept as they are and listed under `keptByApi`.
     """
     spec = fleet_parse(data=data)
     with transaction.atomic():
         tenants_upsert(names=spec.tenants)
-        pool_ids = _load_pools(spec.pools)
+        pool_ids, kept = _load_pools(spec.pools, actor=actor)
         node_ids = _load_nodes(spec.nodes, pool_ids, actor=actor, progress=progress)
-    return {"pools": pool_ids, "nodes": node_ids}
+    answer: dict[str, Any] = {"pools": pool_ids, "nodes": node_ids}
+    if kept:
+        answer["keptByApi"] = kept
+    return answer
 
 
-def _load_pools(pools: list[PoolSpec]) -> dict[str, str]:
+def _load_pools(pools: list[PoolSpec], *, actor: str) -> tuple[dict[str, str], list[str]]:
+    """Create or update each pool and its offers; the ids, and the pools left as the API set them."""
     pool_ids: dict[str, str] = {}
+    kept: list[str] = []
     for spec in pools:
-        pool = pool_register(
-            owner_id=spec.owner,
-            name=spec.name,
-            sharing=spec.sharing,
-            slots_per_gpu=spec.slots_per_gpu,
-            gpu_model=spec.gpu_model,
-            notice_seconds=spec.notice_seconds,
-            archived=spec.archived,
-        )
+        existing = Pool.objects.filter(owner_id=spec.owner, name=spec.name).first()
+        if existing is not None and existing.api_changed_at is not None:
+            pool_ids[spec.key] = existing.pk
+            kept.append(spec.key)
+            continue
+        if existing is None:
+            pool = pool_create(
+                owner_id=spec.owner,
+                name=spec.name,
+                actor=actor,
+                gpu_model=spec.gpu_model,
+                sharing=spec.sharing,
+                slots_per_gpu=spec.slots_per_gpu,
+                notice_seconds=spec.notice_seconds,
+                archived=spec.archived,
+                via_api=False,
+            )
+        else:
+            settings = {
+                "gpu_model": spec.gpu_model,
+                "sharing": spec.sharing,
+                "slots_per_gpu": spec.slots_per_gpu,
+                "notice_seconds": spec.notice_seconds,
+            }
+            pool_update(pool_id=existing.pk, changes=settings, actor=actor, via_api=False)
+            pool = pool_set_archived(pool_id=existing.pk, archived=spec.archived, actor=actor, via_api=False)
         pool_ids[spec.key] = pool.pk
         for tenant, quota in spec.offers.items():
-            offering_ensure(pool_id=pool.pk, tenant_id=tenant)
-            for resource, limit in quota.items():
-                quota_limit_set(pool_id=pool.pk, tenant_id=tenant, resource=resource, limit=limit)
-    return pool_ids
+            offering_declare(
+                pool=pool, tenant_id=tenant, quota=quota, mode=spec.quota_modes.get(tenant), actor=actor
+            )
+    return pool_ids, kept
 
 
 def _load_nodes(

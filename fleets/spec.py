@@ -27,6 +27,7 @@ from inventory.choices import (
 )
 from inventory.operations import TAINT_KEY_RE
 from inventory.reports import HOSTNAME_RE, NodeReport, report_parse
+from ledger.models import QuotaMode
 
 # Patterns are matched whole (`fullmatch`), so a trailing newline never passes for `$`.
 TENANT_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -52,6 +53,8 @@ class PoolSpec:
     notice_seconds: int
     archived: bool
     offers: dict[str, dict[str, int]]  # tenant -> {resource: max}
+    # tenant -> the mode of that offering's quota rows, when the file names one
+    quota_modes: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -179,13 +182,14 @@ def _parse_pool(errors: _Errors, path: str, raw: Any, tenants: dict[str, str]) -
     notice = _int(errors, f"{path}.noticeSeconds", raw.get("noticeSeconds", 30), 0, 86400)
     archived = _bool(errors, f"{path}.archived", raw.get("archived", False))
     offers: dict[str, dict[str, int]] = {}
+    quota_modes: dict[str, str] = {}
     offers_raw = raw.get("offers", [])
     if not isinstance(offers_raw, list):
         errors.add(f"{path}.offers", "must be a list")
         offers_raw = []
     for i, offer in enumerate(offers_raw):
         opath = f"{path}.offers[{i}]"
-        if not _check_keys(errors, opath, offer, {"tenant"}, {"quota"}):
+        if not _check_keys(errors, opath, offer, {"tenant"}, {"quota", "quotaMode"}):
             continue
         tenant = _match(errors, f"{opath}.tenant", offer.get("tenant"), TENANT_RE)
         if tenant is not None and tenant not in tenants:
@@ -196,9 +200,13 @@ def _parse_pool(errors: _Errors, path: str, raw: Any, tenants: dict[str, str]) -
             errors.add(f"{opath}.tenant", f"offered to {tenant} twice")
         elif tenant is not None:
             offers[tenant] = _parse_quota(errors, f"{opath}.quota", offer.get("quota", {}))
+            if "quotaMode" in offer:
+                mode = _choice(errors, f"{opath}.quotaMode", offer["quotaMode"], list(QuotaMode.values))
+                if mode is not None:
+                    quota_modes[tenant] = mode
     if name is None or owner is None or sharing is None or notice is None:
         return None
-    return PoolSpec(owner, name, gpu_model, sharing, slots, notice, archived, offers)
+    return PoolSpec(owner, name, gpu_model, sharing, slots, notice, archived, offers, quota_modes)
 
 
 NODE_KEYS = {

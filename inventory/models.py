@@ -49,6 +49,13 @@ class Pool(models.Model):
     slots_per_gpu = models.PositiveSmallIntegerField(null=True, blank=True)
     notice_seconds = models.PositiveIntegerField(default=30)
     archived_at = models.DateTimeField(null=True, blank=True)
+    # Free labels an operator sets (`pools/update`), e.g. {"region": "eu-west"}.
+    labels = models.JSONField(default=dict, blank=True, db_default={})
+    # The node label a gang request of this pool groups by when it names none; "" means `fabric`.
+    gang_topology_key = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # When the pool, its offerings or their quotas were last changed through the
+    # management API: from then on fleet files leave them alone (`fleets.load`).
+    api_changed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -39,34 +39,16 @@ def _compute_now() -> Func:
     return Func(function="compute_now")
 
 
-def pool_register(
-    *,
-    owner_id: str,
-    name: str,
-    sharing: str,
-    slots_per_gpu: int | None,
-    gpu_model: str,
-    notice_seconds: int,
-    archived: bool,
-) -> Pool:
-    """Create the pool (owner, name) or bring it to these settings; archiving keeps its first time."""
-    pool, _ = Pool.objects.get_or_create(
-        owner_id=owner_id, name=name, defaults={"sharing": sharing, "slots_per_gpu": slots_per_gpu}
-    )
-    Pool.objects.filter(pk=pool.pk).update(
-        gpu_model=gpu_model, sharing=sharing, slots_per_gpu=slots_per_gpu, notice_seconds=notice_seconds
-    )
-    # Archive keeps the first archive time, so a reload does not move it.
-    if archived:
-        Pool.objects.filter(pk=pool.pk, archived_at__isnull=True).update(archived_at=_compute_now())
-    else:
-        Pool.objects.filter(pk=pool.pk).update(archived_at=None)
-    return pool
+def offering_ensure(*, pool_id: str, tenant_id: str) -> bool:
+    """Offer the pool to the tenant (once); whether it was offered now."""
+    _, created = Offering.objects.get_or_create(pool_id=pool_id, tenant_id=tenant_id)
+    return created
 
 
-def offering_ensure(*, pool_id: str, tenant_id: str) -> None:
-    """Offer the pool to the tenant (once)."""
-    Offering.objects.get_or_create(pool_id=pool_id, tenant_id=tenant_id)
+def offering_remove(*, pool_id: str, tenant_id: str) -> bool:
+    """Take the offer back; whether there was one. The caller checks what may not be left behind."""
+    deleted, _ = Offering.objects.filter(pool_id=pool_id, tenant_id=tenant_id).delete()
+    return deleted > 0
 
 
 @dataclass(frozen=True)

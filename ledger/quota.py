@@ -1,17 +1,30 @@
 """Quota usage (guard 5): the guarded charge, the give-back and the limits.
 
-Only this module writes `quota_usage`. A charge is one guarded `UPDATE` whose
-`WHERE` is the limit check, with a `CHECK (used <= max)` behind it; a missing
-row means no limit.
+Only this module writes `quota_usage` (the offering services of
+`ledger.offerings` call it). A charge is one guarded `UPDATE` whose `WHERE` is
+the limit check, with a `CHECK (used <= max)` behind it; a missing row means
+no limit.
+
+A `concurrent` row (`QuotaMode`) limits the peak of use over time instead of
+the sum: the same `UPDATE` takes its lock and adds to its `used` unchecked,
+and the charge then asks the caller for the peak over the new reservation's
+window (the holdings are the reservations' rows, read by the layer that owns
+them) and refuses above the limit. The row lock serializes those checks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.db import connection
 
-from core.errors import QuotaExceeded
+from core.errors import Conflict, QuotaExceeded
+from ledger.models import QuotaMode, QuotaUsage
+
+# The charge's question for `concurrent` rows: given the resources, the tenant's
+# peak use of each over the new reservation's window, its own holdings included.
+WindowPeaks = Callable[[Sequence[str]], Mapping[str, int]]
 
 # Guard 5 for every resource of a placement in one statement. The UPDATE's
 # WHERE clause is the limit check, re-evaluated under each row's lock, so two
@@ -21,7 +34,12 @@ from core.errors import QuotaExceeded
 # the other charges back. `locked` takes the rows in resource order before the
 # UPDATE touches them (whose join order is the planner's), so two creates or
 # releases of one tenant never lock them in opposite orders.
-_QUOTA_CHARGE_SQL = """
+#
+# A `concurrent` row is charged without the `used` check (its limit is on the
+# peak over time, not on the sum) and comes back flagged, with its limit, so
+# the caller checks the peak next, while this statement's lock is held. A
+# counter-only charge returns no such row: its cost stays this one statement.
+_QUOTA_CHARGE_SQL = f"""
 WITH c AS (
     SELECT resource, amount
       FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS c(resource, amount)
@@ -36,13 +54,18 @@ charged AS (
     UPDATE quota_usage q SET used = q.used + c.amount
       FROM c
      WHERE q.id IN (SELECT id FROM locked) AND q.resource = c.resource
-       AND q.used + c.amount <= q.max
-    RETURNING q.resource
+       AND (q.mode = '{QuotaMode.CONCURRENT}' OR q.used + c.amount <= q.max)
+    RETURNING q.resource, q.mode, q.max, c.amount
 )
-SELECT q.resource, q.used, q.max, c.amount
-  FROM c JOIN quota_usage q ON q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = c.resource
- WHERE c.resource NOT IN (SELECT resource FROM charged)
- ORDER BY q.resource COLLATE "C"
+SELECT * FROM (
+    SELECT q.resource, q.used, q.max, c.amount, false AS concurrent
+      FROM c JOIN quota_usage q
+        ON q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = c.resource
+     WHERE c.resource NOT IN (SELECT resource FROM charged)
+    UNION ALL
+    SELECT resource, NULL, max, amount, true FROM charged WHERE mode = '{QuotaMode.CONCURRENT}'
+) rows
+ ORDER BY resource COLLATE "C"
 """
 
 
@@ -51,8 +74,8 @@ def _quota_rows_update(
 ) -> list[tuple[Any, ...]]:
     """Run the charge or the give-back for the resources with a positive amount, in one statement.
 
-    Answers the rows the statement returns: the charge's refusals; the
-    give-back returns none. No statement when there is nothing to charge or give back.
+    Answers the rows the statement returns: the charge's refusals and its
+    `concurrent` rows; the give-back returns none. No statement when there is nothing to charge or give back.
     """
     resources = sorted(name for name, amount in amounts.items() if amount > 0)
     if not resources:
@@ -70,16 +93,38 @@ def _quota_rows_update(
         return cursor.fetchall() if cursor.description else []
 
 
-def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int]) -> None:
-    """Guard 5: charge every resource with one guarded UPDATE; a missing row means unlimited."""
-    refused = _quota_rows_update(_QUOTA_CHARGE_SQL, pool_id=pool_id, tenant_id=tenant_id, amounts=charges)
+def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int], window_peaks: WindowPeaks) -> None:
+    """Guard 5: charge every resource with one guarded UPDATE; a missing row means unlimited.
+
+    `window_peaks` is called only when a charged row is `concurrent`, after the
+    UPDATE has locked it: READ COMMITTED gives its statement a fresh snapshot,
+    so it sees the holdings of every charge that held the lock before this one
+    (and this transaction's own). A peak above the limit refuses the charge as
+    a counter's would, `used` being the peak without this reservation.
+    """
+    rows = _quota_rows_update(_QUOTA_CHARGE_SQL, pool_id=pool_id, tenant_id=tenant_id, amounts=charges)
+    refused = [
+        (resource, used, limit, amount, "used")
+        for resource, used, limit, amount, flagged in rows
+        if not flagged
+    ]
+    concurrent = {resource: (limit, amount) for resource, _used, limit, amount, flagged in rows if flagged}
+    if concurrent and not refused:
+        peaks = window_peaks(sorted(concurrent))
+        for resource, (limit, amount) in sorted(concurrent.items()):
+            peak = int(peaks.get(resource, 0))
+            if peak > limit:
+                # The new reservation holds `amount` over its whole window: the rest peak at `peak - amount`.
+                refused.append(
+                    (resource, peak - amount, limit, amount, "in use at the busiest instant of the window")
+                )
     if refused:
-        resource, used, limit, amount = refused[0]
+        resource, used, limit, amount, how = refused[0]
         raise QuotaExceeded(
-            f"quota for {resource} in this pool would be exceeded ({used} used of {limit}, {amount} asked)",
+            f"quota for {resource} in this pool would be exceeded ({used} {how} of {limit}, {amount} asked)",
             [
                 {"field": "quota", "resource": resource, "used": used, "max": limit, "asked": amount}
-                for resource, used, limit, amount in refused
+                for resource, used, limit, amount, _how in refused
             ],
         )
 
@@ -98,23 +143,116 @@ UPDATE quota_usage q SET used = GREATEST(0, q.used - g.amount)
 
 
 def quota_give_back(*, pool_id: str, tenant_id: str, amounts: dict[str, int]) -> None:
-    """Return what a cut reservation held, never below zero, in one statement."""
+    """Return what a cut reservation held, never below zero, in one statement (both modes keep `used`)."""
     _quota_rows_update(_QUOTA_GIVE_BACK_SQL, pool_id=pool_id, tenant_id=tenant_id, amounts=amounts)
 
 
-def quota_limit_set(*, pool_id: str, tenant_id: str, resource: str, limit: int) -> None:
-    """Create or change a limit; a limit below what is in use is raised to it (the CHECK allows no less).
+def quota_limit_set(
+    *, pool_id: str, tenant_id: str, resource: str, limit: int, mode: str | None = None
+) -> None:
+    """Create or change a limit; a counter limit below its `used` is raised to it (the CHECK allows no less).
 
     Refusing would make a fleet reload fail while workloads run; raising it to
-    `used` blocks new charges until enough is given back.
+    `used` blocks new charges until enough is given back. A `concurrent` limit
+    is stored as given: reservations already held stay, and a new one is
+    refused while the peak over its window is above the limit. `mode` None
+    keeps the row's mode (`counter` for a new row); switching to `counter`
+    raises the limit to `used` like any counter limit.
     """
+    if mode is not None and mode not in QuotaMode.values:
+        raise ValueError(f"unknown quota mode {mode!r}")
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            INSERT INTO quota_usage (pool_id, tenant_id, resource, used, max)
-            VALUES (%s, %s, %s, 0, %s)
+            f"""
+            INSERT INTO quota_usage (pool_id, tenant_id, resource, used, max, mode)
+            VALUES (%(pool)s, %(tenant)s, %(resource)s, 0, %(limit)s,
+                    COALESCE(%(mode)s, '{QuotaMode.COUNTER}'))
             ON CONFLICT (pool_id, tenant_id, resource)
-            DO UPDATE SET max = GREATEST(EXCLUDED.max, quota_usage.used)
+            DO UPDATE SET mode = COALESCE(%(mode)s, quota_usage.mode),
+                          max = CASE WHEN COALESCE(%(mode)s, quota_usage.mode) = '{QuotaMode.CONCURRENT}'
+                                     THEN EXCLUDED.max
+                                     ELSE GREATEST(EXCLUDED.max, quota_usage.used) END
             """,
-            [pool_id, tenant_id, resource, limit],
+            {"pool": pool_id, "tenant": tenant_id, "resource": resource, "limit": limit, "mode": mode},
         )
+
+
+def quota_limits_apply(
+    *,
+    pool_id: str,
+    tenant_id: str,
+    limits: dict[str, int | None],
+    mode: str | None,
+    refuse_below_use: bool,
+) -> None:
+    """Set (or, for None, remove) several limits of one offering together, under the rows' locks.
+
+    The rows are locked `FOR UPDATE` in resource order, as a charge locks
+    them, so no charge slips between the check and the write. With
+    `refuse_below_use` (the API), a counter limit below what is in use
+    refuses the whole change (CONFLICT) and nothing is written; without it (a
+    fleet reload) such a limit is raised to the use, as `quota_limit_set` does.
+    A concurrent limit is always stored as given.
+    """
+    if mode is not None and mode not in QuotaMode.values:
+        raise ValueError(f"unknown quota mode {mode!r}")
+    rows = {
+        row.resource: row
+        for row in QuotaUsage.objects.select_for_update()
+        .filter(pool_id=pool_id, tenant_id=tenant_id)
+        .order_by("resource")
+    }
+    if refuse_below_use:
+        # Every row the change leaves as a counter: the named ones at their new limit, the others
+        # (switched by `mode`) at the limit they keep.
+        wanted = {resource: row.max for resource, row in rows.items()} | limits
+        below = [
+            {"field": f"quota.{resource}", "resource": resource, "used": rows[resource].used, "max": limit}
+            for resource, limit in sorted(wanted.items())
+            if limit is not None
+            and resource in rows
+            and (mode or rows[resource].mode) == QuotaMode.COUNTER
+            and limit < rows[resource].used
+        ]
+        if below:
+            first = below[0]
+            raise Conflict(
+                f"quota for {first['resource']}: {first['used']} in use, a limit of {first['max']} would be"
+                " below it; release reservations first, or use the concurrent mode",
+                below,
+            )
+    for resource, limit in sorted(limits.items()):
+        if limit is None:
+            QuotaUsage.objects.filter(pool_id=pool_id, tenant_id=tenant_id, resource=resource).delete()
+        else:
+            quota_limit_set(pool_id=pool_id, tenant_id=tenant_id, resource=resource, limit=limit, mode=mode)
+    if mode is not None:
+        # The mode is the offering's: rows the change did not name follow it too.
+        for resource, row in rows.items():
+            if resource not in limits:
+                quota_limit_set(
+                    pool_id=pool_id, tenant_id=tenant_id, resource=resource, limit=row.max, mode=mode
+                )
+
+
+def quota_rows_lock(*, pool_id: str, tenant_id: str) -> None:
+    """Lock one offering's quota rows `FOR UPDATE` in resource order, as a charge does."""
+    list(
+        QuotaUsage.objects.select_for_update()
+        .filter(pool_id=pool_id, tenant_id=tenant_id)
+        .order_by("resource")
+        .values_list("id", flat=True)
+    )
+
+
+def quota_rows_remove(*, pool_id: str, tenant_id: str) -> None:
+    """Remove every limit of one offering (it was withdrawn)."""
+    QuotaUsage.objects.filter(pool_id=pool_id, tenant_id=tenant_id).delete()
+
+
+def quota_rows(*, pool_id: str, tenant_ids: list[str]) -> dict[str, list[QuotaUsage]]:
+    """Each tenant's quota rows in the pool, in resource order."""
+    found: dict[str, list[QuotaUsage]] = {tenant: [] for tenant in tenant_ids}
+    for row in QuotaUsage.objects.filter(pool_id=pool_id, tenant_id__in=tenant_ids).order_by("resource"):
+        found[row.tenant_id].append(row)
+    return found

@@ -223,7 +223,8 @@ def reservation_create(
     without a principal.
     """
     if pool is None:
-        pool = reservation_request_check(request).pool
+        resolved = reservation_request_check(request)
+        request, pool = resolved.request, resolved.pool
     elif pool.pk != request.pool_id:
         raise ValueError(f"the resolved pool {pool.pk} is not the request's pool {request.pool_id}")
     digest = request_digest(request)

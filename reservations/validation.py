@@ -28,7 +28,7 @@ its visibility to the request's tenant instead of decided for a principal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from core.errors import NotFound
@@ -66,6 +66,11 @@ def reservation_request_check(request: ReservationRequest) -> ResolvedRequest:
 
 
 def _resolved(request: ReservationRequest, pool: Pool) -> ResolvedRequest:
+    gang = request.raw.get("gang") if isinstance(request.raw, dict) else None
+    named = isinstance(gang, dict) and "topologyKey" in gang
+    if request.gang_size and pool.gang_topology_key and not named:
+        # A gang that names no label groups by the pool's key (`pools/update`), else by `fabric`.
+        request = replace(request, gang_topology_key=pool.gang_topology_key)
     project = None
     if request.project_id:
         project = Project.objects.filter(pk=request.project_id, tenant_id=request.tenant_id).first()

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from capacity.api.management import PoolManagementMixin
 from capacity.api.serializers import ByPoolInput, ByPoolOutput, SummaryInput, SummaryOutput
 from capacity.selectors import capacity_summary, pool_capacity, pool_fragmentation
 from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input, rpc_tenant_input
@@ -87,8 +88,8 @@ class CapacityViewSet(RpcViewSet):
         return _by_pool(request)
 
 
-class PoolsViewSet(RpcViewSet):
-    """The pools group: `pools/capacity` answers exactly as `capacity/byPool`."""
+class PoolsViewSet(PoolManagementMixin, RpcViewSet):
+    """The pools group: `pools/capacity` answers exactly as `capacity/byPool`; the rest is management."""
 
     @_by_pool_action("capacity", "One pool's rollup rows (same as capacity.byPool)")
     def capacity(self, request: Request) -> Response:

@@ -45,6 +45,7 @@ from inventory.schedulability import schedulable_sql
 from ledger.quota import quota_charge, quota_give_back
 from ledger.rollups import rollup_apply_deltas
 from reservations.counts import COUNTED_ATOM_SQL, COUNTED_NODE_SQL
+from reservations.holdings import holdings_peaks
 from reservations.models import Allocation, BookingPhase, Reservation
 from reservations.placer.filters import Window
 from reservations.placer.plan import Member, Option, Plan, placement_plan
@@ -353,9 +354,26 @@ def placement_charges(placement: Placement) -> dict[str, int]:
 
 
 def placement_charge(*, placement: Placement, request: ReservationRequest) -> None:
-    """Quota and rollup deltas for a committed placement, in the same transaction (two statements)."""
+    """Quota and rollup deltas for a committed placement, in the same transaction (two statements).
+
+    A `concurrent` quota adds one statement: the tenant's peak over the
+    placement's window (the displaced one when it displaced spot bookings),
+    read after the quota row is locked (`ledger.quota.quota_charge`).
+    """
     charges = placement_charges(placement)
-    quota_charge(pool_id=request.pool_id, tenant_id=request.tenant_id, charges=charges)
+    window = placement.window
+    quota_charge(
+        pool_id=request.pool_id,
+        tenant_id=request.tenant_id,
+        charges=charges,
+        window_peaks=lambda resources: holdings_peaks(
+            tenant_id=request.tenant_id,
+            pool_id=request.pool_id,
+            start=window.start,
+            end=window.end,
+            resources=resources,
+        ),
+    )
     # The bookings' insert trigger set their phase from the same clock (this
     # transaction's compute_now(), which `window.now` is): RUNNING if started.
     started = placement.window.start <= placement.window.now

@@ -559,6 +559,44 @@ def test_guard5_a_charge_that_waited_for_another_charges_row_lock_rechecks_the_l
     assert DeviceBooking.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_guard5_a_concurrent_charge_that_waited_for_the_row_lock_sees_the_first_ones_bookings() -> None:
+    """The concurrent quota's race: two overlapping windows, each within the limit alone, not together.
+
+    The second's bookings were inserted while the first held the quota row,
+    uncommitted; its peak, read only after it got the lock, must see the
+    first's committed bookings (a peak read in the locking statement's
+    snapshot would not) and refuse.
+    """
+    pool = PoolFactory()
+    gpus_by_bus(pool, 1)
+    gpus_by_bus(pool, 1, first_bus=1)
+    QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=1, mode="concurrent")
+    rollup_rebuild(pool_id=pool.id)
+    later = int((compute_now() + timedelta(minutes=30)).timestamp() * 1000)
+    gate, open_gate = rows_held(
+        lambda: list(PoolCapacityRollup.objects.select_for_update().filter(pool=pool))
+    )
+    first = Worker(attempt(on_gpu(pool, 0)))
+    first.start()
+    wait_until_blocked_on_lock(first)
+    assert "pool_capacity_rollup" in waiting_statement(first)
+    # Starts half an hour into the first's hour: they overlap, on two different GPUs.
+    second = Worker(attempt(on_gpu(pool, 1, start_ms=later)))
+    second.start()
+    wait_until_blocked_on_lock(second)
+    assert "quota_usage" in waiting_statement(second)
+    open_gate.set()
+    gate.join_ok()
+    assert isinstance(first.finish(), ReservationCreated), first.error
+    result = second.finish()
+    assert second.error is None, second.error
+    assert isinstance(result, QuotaExceeded), result
+    assert result.details == [{"field": "quota", "resource": "gpu", "used": 1, "max": 1, "asked": 1}]
+    assert QuotaUsage.objects.get(pool=pool).used == 1
+    assert DeviceBooking.objects.count() == 1
+
+
 @pytest.mark.django_db
 def test_guard5_no_quota_row_means_unlimited() -> None:
     pool = PoolFactory()

@@ -65,7 +65,11 @@ def check_scalars() -> list[str]:
 
 
 def check_quota() -> list[str]:
-    """Guard 5: every quota_usage.used equals the live charges (atoms booked plus scalars claimed)."""
+    """Guard 5: every quota_usage.used equals the live charges (atoms booked plus scalars claimed).
+
+    A counter row's `used` is within its `max`; a concurrent row's may pass it
+    (its limit is on each instant: `check_concurrent_quota`).
+    """
     rows = _rows(
         """
         WITH live AS (
@@ -83,13 +87,59 @@ def check_quota() -> list[str]:
         SELECT q.pool_id, q.tenant_id, q.resource, q.used, q.max, COALESCE(sum(c.amount), 0)
           FROM quota_usage q LEFT JOIN charges c
             ON c.pool_id = q.pool_id AND c.tenant_id = q.tenant_id AND c.resource = q.resource
-         GROUP BY 1, 2, 3, 4, 5
-        HAVING q.used <> COALESCE(sum(c.amount), 0) OR q.used > q.max
+         GROUP BY 1, 2, 3, 4, 5, q.mode
+        HAVING q.used <> COALESCE(sum(c.amount), 0) OR (q.mode = 'counter' AND q.used > q.max)
         """
     )
     return [
         f"quota {tenant}@{pool} {resource}: used {used} of {limit}, live charges {charged}"
         for pool, tenant, resource, used, limit, charged in rows
+    ]
+
+
+def check_concurrent_quota() -> list[str]:
+    """The concurrent quota: for every instant, each concurrent-mode tenant's use per resource <= its limit.
+
+    Use at an instant: the atoms of the class booked then by the tenant's live
+    allocations in the pool, plus the scalars they claim over their
+    reservation's window. The use is highest at the start of some holding, so
+    each start is an instant to check: every holding whose range contains it
+    is summed there (a self-join, not the sweep the charge uses).
+    """
+    rows = _rows(
+        """
+        WITH live AS (
+            SELECT r.pool_id, r.tenant_id, a.id AS allocation_id, a.resources, r.starts_at, r.ends_at
+              FROM reservations_allocation a JOIN reservations_reservation r ON r.id = a.reservation_id
+             WHERE NOT a.released
+        ), held AS (
+            SELECT l.pool_id, l.tenant_id, d.device_class AS resource, b.during, 1 AS amount
+              FROM live l JOIN device_bookings b ON b.allocation_id = l.allocation_id
+              JOIN inventory_device d ON d.id = b.device_id
+            UNION ALL
+            SELECT l.pool_id, l.tenant_id, r.key, tstzrange(l.starts_at, l.ends_at, '[)'),
+                   (r.value #>> '{}')::bigint
+              FROM live l, jsonb_each(l.resources) r
+        ), limited AS (
+            SELECT h.*, q.max FROM held h JOIN quota_usage q
+                ON q.pool_id = h.pool_id AND q.tenant_id = h.tenant_id AND q.resource = h.resource
+             WHERE q.mode = 'concurrent'
+        ), instants AS (
+            SELECT DISTINCT pool_id, tenant_id, resource, max, lower(during) AS at FROM limited
+        )
+        SELECT i.pool_id, i.tenant_id, i.resource, i.max, i.at, sum(h.amount)
+          FROM instants i JOIN limited h
+            ON h.pool_id = i.pool_id AND h.tenant_id = i.tenant_id AND h.resource = i.resource
+           AND h.during @> i.at
+         GROUP BY 1, 2, 3, 4, 5
+        HAVING sum(h.amount) > i.max
+         ORDER BY 1, 2, 3, 5
+         LIMIT 20
+        """
+    )
+    return [
+        f"concurrent quota {tenant}@{pool} {resource}: {in_use} in use at {at}, limit {limit}"
+        for pool, tenant, resource, limit, at, in_use in rows
     ]
 
 
@@ -283,6 +333,7 @@ def invariant_problems(*, require_delivery: bool = True) -> list[str]:
         *check_no_double_booking(),
         *check_scalars(),
         *check_quota(),
+        *check_concurrent_quota(),
         *check_reservations_whole(),
         *check_node_atom_counts(),
         *check_daemon(require_delivery=require_delivery),
@@ -295,8 +346,9 @@ def snapshot_problems() -> list[str]:
     Every booking, scalar claim and quota charge commits in the transaction that
     makes or releases the reservation, so any committed state must already have
     no atom booked twice, every `node_resources.allocated` within
-    `floor(allocatable * ratio)` and equal to its live claims, and every quota's
-    `used` within `max` and equal to its live charges. One REPEATABLE READ
+    `floor(allocatable * ratio)` and equal to its live claims, every quota's
+    `used` equal to its live charges and within `max` (a counter's), and every
+    concurrent quota's use within its limit at every instant. One REPEATABLE READ
     transaction makes the recounts agree with each other. The rollups too: every
     row equals a recount of the bookings by phase, of the counted atoms and of
     the scalars, whatever the nodes' state, and so do the per-node free-atom
@@ -309,6 +361,7 @@ def snapshot_problems() -> list[str]:
             *check_no_double_booking(),
             *check_scalars(),
             *check_quota(),
+            *check_concurrent_quota(),
             *check_rollups_match_count(),
             *check_node_atom_counts(),
         ]

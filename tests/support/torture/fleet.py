@@ -1,6 +1,8 @@
 """A small fleet that the torture runs fight over: two pools, an offering with quota, scalars.
 
-Small on purpose: 48 GPUs shared by 1,000 operations keeps every guard busy
+The guest's quota is a counter in the first pool and `concurrent` in the second
+(a limit on its use at every instant: calendar creates of overlapping windows
+fight for it). Small on purpose: 48 GPUs shared by 1,000 operations keeps every guard busy
 (most creates race for the last atoms of some node), where a large fleet would
 let the operations pass each other by.
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from capacity.rollups import rollup_rebuild_all
 from core.models import Tenant
 from inventory.models import Device, Node, NodeResource, Pool
+from ledger.models import QuotaMode
 from tests.support.factories import OfferingFactory, PoolFactory, QuotaUsageFactory, TenantFactory
 from tests.support.torture.commitlog import commitlog_install, commitlog_uninstall
 
@@ -44,11 +47,14 @@ def fleet_build(*, nodes_per_pool: tuple[int, ...] = (8, 4), gpus_per_node: int 
         pool = PoolFactory.create(owner=owner, name=f"torture-{index}", gpu_model="H100")
         pools.append(pool)
         bookers.append((pool.id, owner.id))
-        # The guest books under a quota smaller than the pool, so guard 5 is attacked too.
+        # The guest books under a quota smaller than the pool, so guard 5 is attacked too:
+        # a counter in the first pool, the peak over time in the others.
         OfferingFactory(pool=pool, tenant=guest)
-        gpu_max = max(4, count * gpus_per_node // 2)
-        QuotaUsageFactory(pool=pool, tenant=guest, resource="gpu", max=gpu_max)
-        QuotaUsageFactory(pool=pool, tenant=guest, resource="vcpu", max=vcpu * count // 2)
+        mode = QuotaMode.COUNTER if index == 0 else QuotaMode.CONCURRENT
+        # A concurrent limit frees up as windows end, so it is set tighter to stay contested.
+        gpu_max = max(4, count * gpus_per_node // (2 if mode == QuotaMode.COUNTER else 4))
+        QuotaUsageFactory(pool=pool, tenant=guest, resource="gpu", max=gpu_max, mode=mode)
+        QuotaUsageFactory(pool=pool, tenant=guest, resource="vcpu", max=vcpu * count // 2, mode=mode)
         quota[(pool.id, guest.id, "gpu")] = gpu_max
         bookers.append((pool.id, guest.id))
         for n in range(count):

@@ -1,0 +1,151 @@
+"""Offerings with their quotas, as operators manage them (`offerings/*`) and fleet files declare them.
+
+The offering row is inventory's (`inventory.registration`), its quota rows
+this app's (`ledger.quota`); a change of either goes through here, audited
+with its actor. Withdrawing needs the reservations, so it lives in
+`reservations.offerings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.errors import Conflict, InvalidInput, NotFound
+from core.models import Tenant
+from core.services import audit_record
+from inventory.models import Offering, Pool
+from inventory.pools import pool_mark_api_changed
+from inventory.registration import offering_ensure
+from ledger.models import QuotaUsage
+from ledger.quota import quota_limits_apply, quota_rows
+
+
+def offering_find(*, pool_id: str, tenant_id: str) -> Offering:
+    """The offering of the pool to the tenant, or NOT_FOUND."""
+    offering = Offering.objects.filter(pool_id=pool_id, tenant_id=tenant_id).first()
+    if offering is None:
+        raise NotFound("offering not found")
+    return offering
+
+
+def offering_create(
+    *,
+    pool: Pool,
+    tenant_id: str,
+    quota: dict[str, int],
+    mode: str | None,
+    actor: str,
+    via_api: bool = True,
+) -> Offering:
+    """Offer the pool to a tenant with these limits; CONFLICT when it already is offered."""
+    if tenant_id == pool.owner_id:
+        raise InvalidInput.field("tenantId", "a pool is not offered to its owner")
+    if not Tenant.objects.filter(pk=tenant_id).exists():
+        raise InvalidInput.field("tenantId", f"unknown tenant {tenant_id}")
+    if not offering_ensure(pool_id=pool.pk, tenant_id=tenant_id):
+        raise Conflict(f"the pool is already offered to {tenant_id}; change it with offerings/update")
+    quota_limits_apply(
+        pool_id=pool.pk, tenant_id=tenant_id, limits=dict(quota), mode=mode, refuse_below_use=via_api
+    )
+    if via_api:
+        pool_mark_api_changed(pool_id=pool.pk)
+    audit_record(
+        actor=actor,
+        action="offering.create",
+        subject_type="pool",
+        subject_id=pool.pk,
+        data={"tenant": tenant_id, "quota": quota, "mode": mode, "via": "api" if via_api else "fleet"},
+    )
+    return offering_find(pool_id=pool.pk, tenant_id=tenant_id)
+
+
+def offering_update(
+    *,
+    pool: Pool,
+    tenant_id: str,
+    quota: dict[str, int | None],
+    mode: str | None,
+    actor: str,
+    via_api: bool = True,
+) -> Offering:
+    """Change an offering's limits (None removes one) and, when given, the mode of all its rows.
+
+    Through the API a counter limit below what the tenant holds is refused
+    (CONFLICT, nothing changed); a fleet reload raises it to the use instead,
+    so a reload never fails while workloads run (`ledger.quota.quota_limits_apply`).
+    Only what changes is audited.
+    """
+    offering = offering_find(pool_id=pool.pk, tenant_id=tenant_id)
+    before = _limits(pool.pk, tenant_id)
+    quota_limits_apply(
+        pool_id=pool.pk, tenant_id=tenant_id, limits=dict(quota), mode=mode, refuse_below_use=via_api
+    )
+    after = _limits(pool.pk, tenant_id)
+    if after != before:
+        if via_api:
+            pool_mark_api_changed(pool_id=pool.pk)
+        audit_record(
+            actor=actor,
+            action="offering.update",
+            subject_type="pool",
+            subject_id=pool.pk,
+            data={
+                "tenant": tenant_id,
+                "before": before,
+                "after": after,
+                "via": "api" if via_api else "fleet",
+            },
+        )
+    return offering
+
+
+def offering_declare(
+    *, pool: Pool, tenant_id: str, quota: dict[str, int], mode: str | None, actor: str
+) -> None:
+    """A fleet file's offer: create it, or bring its named limits (and mode, if given) to the file's."""
+    if Offering.objects.filter(pool_id=pool.pk, tenant_id=tenant_id).exists():
+        offering_update(
+            pool=pool, tenant_id=tenant_id, quota=dict(quota), mode=mode, actor=actor, via_api=False
+        )
+    else:
+        offering_create(pool=pool, tenant_id=tenant_id, quota=quota, mode=mode, actor=actor, via_api=False)
+
+
+def _limits(pool_id: str, tenant_id: str) -> dict[str, list[Any]]:
+    rows = QuotaUsage.objects.filter(pool_id=pool_id, tenant_id=tenant_id).order_by("resource")
+    return {row.resource: [row.max, row.mode] for row in rows}
+
+
+def offerings_list(*, tenant_id: str | None = None, pool_id: str | None = None) -> list[Offering]:
+    """Offerings in (pool, tenant) order, of one tenant or one pool or all; the pools read with them.
+
+    A tenant's own list leaves out archived pools: an archived pool is
+    visible to its owner only, and an offering is never to the owner.
+    """
+    offerings = Offering.objects.select_related("pool").order_by("pool_id", "tenant_id")
+    if tenant_id is not None:
+        offerings = offerings.filter(tenant_id=tenant_id, pool__archived_at__isnull=True)
+    if pool_id is not None:
+        offerings = offerings.filter(pool_id=pool_id)
+    return list(offerings[:1000])
+
+
+def offerings_payload(offerings: list[Offering]) -> list[dict[str, Any]]:
+    """Offerings as the API answers them, each with its quota rows (one query per pool)."""
+    by_pool: dict[str, list[str]] = {}
+    for offering in offerings:
+        by_pool.setdefault(offering.pool_id, []).append(offering.tenant_id)
+    rows = {pool_id: quota_rows(pool_id=pool_id, tenant_ids=tenants) for pool_id, tenants in by_pool.items()}
+    return [
+        {
+            "poolId": offering.pool_id,
+            "poolName": offering.pool.name,
+            "ownerTenantId": offering.pool.owner_id,
+            "tenantId": offering.tenant_id,
+            "quota": [
+                {"resource": row.resource, "max": row.max, "used": row.used, "mode": row.mode}
+                for row in rows[offering.pool_id][offering.tenant_id]
+            ],
+        }
+        for offering in offerings
+    ]
