@@ -12,7 +12,8 @@ What makes a job due:
   earliest end of a live reservation (`reservation-settle`), the earliest start
   of a future booking or end of a running one (`bookings-advance`), the oldest
   watched heartbeat plus `CAPACITY_NODE_STALE_SECONDS` (`nodes-stale`), the
-  earliest outbox retry (`outbox-deliver`);
+  earliest outbox retry (`outbox-deliver`), the end of the grace after the
+  hour that follows the last closed hour of usage (`usage-close`);
 * a period, counted from the job's last success in its `WorkerJob` row (shared
   by every worker): the safety-net rebuild, the rate-window prune and the
   BookingRepair sweep, every `CAPACITY_ROLLUP_EVERY_SECONDS`;
@@ -66,7 +67,7 @@ import psycopg
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
-from capacity import rollups
+from capacity import rollups, usage
 from core import ratelimit
 from core.constants import WORKER_CHANNEL
 from core.locks import ADVISORY_LOCK_KEYS
@@ -99,11 +100,14 @@ RELEASE_REPAIR_SECONDS = 30.0
 # (short units of work, due within seconds), and the sweeps (BookingRepair, the rebuild,
 # the prune), which may run for a minute at a large fleet and must not hold the deadlines up.
 LANES = ("deadlines", "sweeps")
+# A backlog of usage hours (a first run over a month of bookings) is closed this many hours
+# per run, so the sweeps lane turns over; the deadline is then still due and it goes on.
+USAGE_HOURS_PER_RUN = 24 * 7
 
 
 # --- the schedule ----------------------------------------------------------------------------
 
-_DEADLINES_SQL = """
+_DEADLINES_SQL = f"""
 SELECT compute_now(),
        (SELECT min(lease_expires_at) FROM reservations_reservation
          WHERE state IN ('scheduled', 'active') AND lease_expires_at IS NOT NULL),
@@ -114,6 +118,7 @@ SELECT compute_now(),
          WHERE connectivity = 'connected' AND last_heartbeat_at IS NOT NULL)
            + make_interval(secs => %(stale)s),
        (SELECT min(next_attempt_at) FROM reservations_delivery),
+       {usage.usage_next_close_sql()},
        ARRAY(SELECT COALESCE(w.last_ok_at + make_interval(secs => p.every), compute_now())
                 FROM unnest(%(periodic_names)s::varchar[], %(periodic_every)s::float8[])
                          WITH ORDINALITY AS p(name, every, i)
@@ -129,6 +134,7 @@ DEADLINE_KINDS = (
     "booking_end",
     "node_stale",
     "delivery",
+    "usage_close",
 )
 
 
@@ -145,6 +151,8 @@ class Deadlines:
     delivery: datetime | None
     # A periodic job's next run, by job name: its last success plus its period (now if it never succeeded).
     periodic: dict[str, datetime] = field(default_factory=dict)
+    # When the hour after the last closed one may close (None before the first close).
+    usage_close: datetime | None = None
 
     def of(self, kind: str) -> datetime | None:
         value: datetime | None = getattr(self, kind)
@@ -163,7 +171,8 @@ def next_deadline(*, periodic: dict[str, float] | None = None) -> Deadlines:
 
     The indexes: `reservation_lease_live`, `reservation_live_ends`,
     `booking_phase_future`, `booking_phase_running`, `node_heartbeat_watch`,
-    `delivery_due`, and `core_workerjob`'s primary key for the periodic jobs.
+    `delivery_due`, `capacity_usagehour`'s primary key, and `core_workerjob`'s
+    primary key for the periodic jobs.
     """
     periodic = periodic if periodic is not None else _periodic_of(worker_jobs())
     names = sorted(periodic)
@@ -174,11 +183,12 @@ def next_deadline(*, periodic: dict[str, float] | None = None) -> Deadlines:
                 "stale": float(settings.CAPACITY_NODE_STALE_SECONDS),
                 "periodic_names": names,
                 "periodic_every": [float(periodic[name]) for name in names],
+                "usage_grace": float(settings.CAPACITY_USAGE_CLOSE_GRACE_SECONDS),
             },
         )
         row = cursor.fetchone()
     assert row is not None
-    now, lease, ends, start, end, stale, delivery, due = row
+    now, lease, ends, start, end, stale, delivery, usage_close, due = row
     return Deadlines(
         now=now,
         lease_expiry=lease,
@@ -188,6 +198,7 @@ def next_deadline(*, periodic: dict[str, float] | None = None) -> Deadlines:
         node_stale=stale,
         delivery=delivery,
         periodic=dict(zip(names, due, strict=True)),
+        usage_close=usage_close,
     )
 
 
@@ -284,6 +295,16 @@ def worker_jobs(*, every: float | None = None) -> list[Job]:
             "rate-windows-prune",
             lambda _: ratelimit.rate_windows_prune(),
             lock="worker:rate-windows-prune",
+            every=every,
+            lane="sweeps",
+        ),
+        # Closed hours of usage, written once; due when the next hour's grace has passed
+        # (the period starts it on a database that never closed one, and is its safety net).
+        Job(
+            "usage-close",
+            lambda progress: usage.usage_close_due(max_hours=USAGE_HOURS_PER_RUN, progress=progress),
+            lock="worker:usage-close",
+            deadlines=("usage_close",),
             every=every,
             lane="sweeps",
         ),

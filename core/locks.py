@@ -17,4 +17,5 @@ ADVISORY_LOCK_KEYS: dict[str, int] = {
     "worker:bookings-repair": 7_301_015,
     "worker:outbox-deliver": 7_301_016,
     "worker:rate-windows-prune": 7_301_017,
+    "worker:usage-close": 7_301_018,
 }

@@ -92,6 +92,16 @@ class Reservation(models.Model):
                 name="reservation_live_ends",
                 condition=Q(state__in=["scheduled", "active"]),
             ),
+            # A concurrent quota's peak (`reservations.holdings`): the tenant's live
+            # reservations in the pool that start before the new one's window ends.
+            models.Index(
+                fields=["tenant", "pool", "starts_at"],
+                name="reservation_tenant_pool_live",
+                condition=Q(state__in=["scheduled", "active"]),
+            ),
+            # One tenant's reservations that reach past an instant: hourly usage of
+            # the hours not closed yet reads the tenant's bookings from these.
+            models.Index(fields=["tenant", "ends_at"], name="reservation_tenant_ends"),
             # The at-risk count per pool (capacity/byPool) and the repair's retries.
             models.Index(
                 fields=["pool", "at_risk_since"],

@@ -1,8 +1,8 @@
-"""The operator admin of the top layer: node and pool consoles, and the ledger's counters.
+"""The operator admin of the top layer: node and pool consoles, the ledger's counters, hourly usage.
 
 Django's autodiscovery imports this package; each module registers its admins.
 """
 
-from capacity.admin import consoles, counters, resources
+from capacity.admin import consoles, counters, resources, usage
 
-__all__ = ["consoles", "counters", "resources"]
+__all__ = ["consoles", "counters", "resources", "usage"]

@@ -338,7 +338,7 @@ def test_the_sweeps_run_in_their_own_lane() -> None:
     lanes = worker_lanes(worker_jobs())
     assert [[job.name for job in lane] for lane in lanes] == [
         ["lease-expire", "reservation-settle", "bookings-advance", "nodes-stale", "outbox-deliver"],
-        ["bookings-repair", "rollup-rebuild", "rate-windows-prune"],
+        ["bookings-repair", "rollup-rebuild", "rate-windows-prune", "usage-close"],
     ]
 
 
