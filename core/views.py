@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template.response import TemplateResponse
 
+from core.replica import replica_health
 from core.worker_status import JobStatus, WorkerStatus, worker_status
 
 
@@ -52,7 +53,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
     worker has ever run, its last pass is older than the max sleep plus
     `CAPACITY_WORKER_LAG_SECONDS`, or a job has failed (or run) for longer than
     that (the rules: `core.worker_status`). The answer carries each job's last
-    success and lag. It reads no tenant data.
+    success and lag. It reads no tenant data. With a replica configured it also
+    says where the reads that may lag go now (`replica.readsFrom`) and why.
     """
     try:
         status = worker_status()
@@ -61,9 +63,17 @@ def healthz(request: HttpRequest) -> JsonResponse:
             {"status": "unavailable", "reason": f"database: {error.__class__.__name__}"}, status=503
         )
     worker = _worker_json(status)
+    extra: dict[str, Any] = {}
+    # With a replica configured: where the reads that may lag go now, and why (a replica that
+    # is down or lags is not a 503: those reads are answered by the primary meanwhile).
+    replica = replica_health()
+    if replica is not None:
+        extra["replica"] = replica
     if not status.healthy:
-        return JsonResponse({"status": "unavailable", "reason": status.reason, "worker": worker}, status=503)
-    return JsonResponse({"status": "ok", "worker": worker})
+        return JsonResponse(
+            {"status": "unavailable", "reason": status.reason, "worker": worker, **extra}, status=503
+        )
+    return JsonResponse({"status": "ok", "worker": worker, **extra})
 
 
 def admin_index(request: HttpRequest) -> TemplateResponse:

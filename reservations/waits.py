@@ -33,7 +33,7 @@ from contextlib import contextmanager
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 
 from core.errors import TooManyRequests
 
@@ -54,7 +54,10 @@ class _Listener:
         self._ready = threading.Event()
 
     def _conninfo(self) -> str:
-        params = connection.get_connection_params()
+        # LISTEN needs a session: behind a transaction pooler, the `direct` alias
+        # (DATABASE_DIRECT_URL, config/database.py) reaches the primary itself.
+        alias = "direct" if "direct" in settings.DATABASES else "default"
+        params = connections[alias].get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
         params.pop("prepare_threshold", None)
