@@ -26,6 +26,7 @@ READ_GROWTH = 1.2
 PREVIEW_8_P50_MS = 50.0
 THROUGHPUT_SHARE_OF_FLOOR = 0.5
 REBUILD_S = 5.0
+USAGE_MS = 100.0
 TIMELINE_MS = 100.0
 RSS_MB = 250.0
 # Issue 14's write-path targets.
@@ -34,6 +35,8 @@ CREATE_GROWTH = 1.3
 PREVIEW_SELECTOR_P50_MS = 50.0
 PREVIEW_SELECTOR_GROWTH = 1.5
 LOST_RACES_SHARE = 0.02
+# Issue 15's planning answers.
+EARLIEST_P50_MS = 200.0
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -99,6 +102,21 @@ def _chart_preview(results: dict[str, Any], path: Path) -> None:
     )
 
 
+def _chart_earliest(results: dict[str, Any], path: Path) -> None:
+    by_size = {size: run["reads"]["earliest"] for size, run in results["sizes"].items()}
+    _chart_latencies(
+        path,
+        by_size,
+        list(next(iter(by_size.values()))),
+        title="capacity/earliest over HTTP (7-day horizon)",
+        target_ms=EARLIEST_P50_MS,
+        figsize=(8, 3.8),
+        dash=200,
+        rotation=10,
+        fontsize=8,
+    )
+
+
 def _chart_throughput(throughput: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for source, style in (
@@ -136,7 +154,8 @@ def _targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         ratio = p50 / small["reads"][name]["p50_ms"]
         rows.append(
             (
-                f"`capacity/{name}` p50 < {READ_P50_MS:.0f} ms and ≤ {READ_GROWTH}× the {int(sizes[0]):,}-node figure",
+                f"`capacity/{name}`{' (with fragmentation)' if name == 'byPool' else ''} p50 < {READ_P50_MS:.0f} ms"
+                f" and ≤ {READ_GROWTH}× the {int(sizes[0]):,}-node figure",
                 f"{p50:.2f} ms, ratio {ratio:.2f}",
                 _verdict(p50 < READ_P50_MS and ratio <= READ_GROWTH),
             )
@@ -197,6 +216,15 @@ def _targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     _verdict(share >= THROUGHPUT_SHARE_OF_FLOOR),
                 )
             )
+    for shape, result in big["reads"].get("earliest", {}).items():
+        found = f"starts in {result['wait_h']} h" if result.get("fits") else "none in 7 days"
+        rows.append(
+            (
+                f"`capacity/earliest` {shape}, 7-day horizon, p50 ≤ {EARLIEST_P50_MS:.0f} ms",
+                f"p50 {result['p50_ms']:.1f} ms ({found}, {result.get('tried')} instant(s) tried)",
+                _verdict(result["p50_ms"] <= EARLIEST_P50_MS),
+            )
+        )
     rebuild = big["rebuild"]["median_s"]
     rows.append(
         (
@@ -213,6 +241,15 @@ def _targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             _verdict(timeline < TIMELINE_MS),
         )
     )
+    usage = big["reads"].get("usage/hourly")
+    if usage is not None:
+        rows.append(
+            (
+                f"`usage/hourly` one tenant, 31 days p50 ≤ {USAGE_MS:.0f} ms",
+                f"p50 {usage['p50_ms']:.1f} ms ({usage.get('rows')} rows)",
+                _verdict(usage["p50_ms"] <= USAGE_MS),
+            )
+        )
     rss = max(big["peak_rss_mb"].values()) if big["peak_rss_mb"] else 0.0
     rows.append((f"server memory < {RSS_MB:.0f} MB per worker", f"peak {rss:.0f} MB", _verdict(rss < RSS_MB)))
     return rows
@@ -278,6 +315,16 @@ def _markdown(results: dict[str, Any]) -> str:
         "booked in evenly spaced windows from 30 days ago to 7 days ahead, half of each period booked, with a",
         "phase per group. So about half of the atoms are busy now and most rows are history.",
         "",
+    ]
+    for size in sizes:
+        closed = results["sizes"][size].get("usage_close")
+        if closed:
+            lines.append(
+                f"* {int(size):,} nodes: the worker's `usage-close` closed the month's {closed['hours']:,} hours"
+                f" into {closed['rows']:,} usage rows in {closed['seconds']:.1f} s."
+            )
+    lines += [
+        "",
         *_latency_table_head("Reads over HTTP", "reads", "method", sizes),
     ]
     for name in ("no credential (401)", "summary", "byPool", "timeline"):
@@ -285,6 +332,10 @@ def _markdown(results: dict[str, Any]) -> str:
             continue
         cells = _latency_cells([results["sizes"][s]["reads"][name] for s in sizes], digits=2)
         lines.append(f"| {name if ' ' in name else f'`capacity/{name}`'} | {cells} |")
+    for name in ("usage/hourly", "usage/hourly open hour"):
+        if all(name in results["sizes"][s]["reads"] for s in sizes):
+            cells = _latency_cells([results["sizes"][s]["reads"][name] for s in sizes], digits=2)
+            lines.append(f"| `{name}` | {cells} |")
     if len(sizes) > 1:
         lines.append("")
         for name in ("summary", "byPool"):
@@ -298,6 +349,9 @@ def _markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         "The timeline asks 7 days in 30-minute steps (336 buckets) of the H100 pool, starting 3 days ago.",
+        "`usage/hourly` asks the H100 pool's owner for the 31 days that end with the last closed hour (one",
+        "page of up to 1,000 rows, read from the usage table the bench filled by running the worker's",
+        "`usage-close` over the month); *open hour* asks for the current hour, computed from the bookings.",
         "*no credential (401)* is `capacity/summary` with an empty bearer token: refused before any query,",
         "it is what HTTP, gunicorn, Django and DRF cost per call on this machine, under every other line.",
         "",
@@ -311,6 +365,28 @@ def _markdown(results: dict[str, Any]) -> str:
         'The selector is `{"vramGiB": {"gte": 80}, "gpuModel": "H100"}`; every request is for one hour.',
         "",
     ]
+    if all("earliest" in results["sizes"][s]["reads"] for s in sizes):
+        lines += [*_latency_table_head("capacity/earliest", "earliest", "request", sizes)]
+        for shape in results["sizes"][sizes[0]]["reads"]["earliest"]:
+            cells = _latency_cells([results["sizes"][s]["reads"]["earliest"][shape] for s in sizes], digits=1)
+            lines.append(f"| {shape} | {cells} |")
+        lines += [
+            "",
+            "Each asks the H100 pool for the earliest start within 7 days. Where it starts, and how many",
+            "instants the placer was asked at, at each size: "
+            + "; ".join(
+                f"{int(s):,} nodes: "
+                + ", ".join(
+                    f"{shape} "
+                    + (f"in {r['wait_h']} h" if r.get("fits") else "none")
+                    + f" ({r.get('tried')} tried)"
+                    for shape, r in results["sizes"][s]["reads"]["earliest"].items()
+                )
+                for s in sizes
+            )
+            + ".",
+            "",
+        ]
     throughput = big.get("throughput")
     if throughput:
         lines += [
@@ -473,6 +549,8 @@ def report_write(*, results: dict[str, Any], out_dir: Path, page: Path) -> None:
     (out_dir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     _chart_reads(results, out_dir / "reads.png")
     _chart_preview(results, out_dir / "preview.png")
+    if all("earliest" in run["reads"] for run in results["sizes"].values()):
+        _chart_earliest(results, out_dir / "earliest.png")
     sizes = sorted(results["sizes"], key=int)
     throughput = results["sizes"][sizes[-1]].get("throughput")
     if throughput:

@@ -42,6 +42,8 @@ BOOKINGS_PER_NODE = 100
 READ_SAMPLES = 200
 PREVIEW_SAMPLES = 25
 TIMELINE_SAMPLES = 25
+EARLIEST_SAMPLES = 15
+USAGE_SAMPLES = 50
 REBUILD_RUNS = 3
 CLIENT_LEVELS = (1, 4, 16)
 API_SECONDS = 10.0
@@ -118,7 +120,51 @@ def _build_fleet(
         f"  {filled.bookings:,} bookings on {filled.atoms:,} GPU-class atoms ({filled.layers} per atom);"
         f" {filled.booked_now:,} booked now, {filled.booked_later:,} start later"
     )
-    return {"ids": ids, "pools": data["pools"], "fill": filled.__dict__}
+    usage_close = _usage_close(clock, nodes)
+    return {"ids": ids, "pools": data["pools"], "fill": filled.__dict__, "usage_close": usage_close}
+
+
+def _usage_close(clock: Clock, nodes: int) -> dict[str, Any]:
+    """Close every finished hour of the filled month as the worker's `usage-close` job does (same function).
+
+    So `usage/hourly` below reads closed hours from the usage table, as it
+    would on a service that has run for a month. The fill writes that month
+    after the fact, which no service does: a worker that ran before it (the
+    idle measurement) closed an empty hour ahead of that history, so the
+    usage tables start empty here, as on a database the worker never saw.
+    """
+    from django.db import connection
+
+    from capacity.models import HourlyUsage, UsageHour
+    from capacity.usage import usage_close_due
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE capacity_hourlyusage, capacity_usagehour")
+    with clock.step(f"{nodes} nodes: usage-close over the filled month"):
+        started = time.perf_counter()
+        hours = usage_close_due()
+        seconds = time.perf_counter() - started
+    rows = HourlyUsage.objects.count()
+    console.print(f"  {hours:,} hours closed into {rows:,} usage rows in {seconds:.1f}s")
+    return {
+        "hours": hours,
+        "rows": rows,
+        "seconds": round(seconds, 2),
+        "closed_hours": UsageHour.objects.count(),
+    }
+
+
+def _usage_bodies(tenant: str) -> dict[str, dict[str, Any]]:
+    """`usage/hourly` for one tenant: the 31 days that end with the last closed hour, and the open hour."""
+    from capacity.models import UsageHour
+
+    last = UsageHour.objects.order_by("-hour").values_list("hour", flat=True).first()
+    open_ms = (int(time.time() * 1000) // 3_600_000) * 3_600_000
+    end_ms = int(last.timestamp() * 1000) + 3_600_000 if last else open_ms
+    return {
+        "usage/hourly": {"tenantId": tenant, "from": end_ms - 31 * 86_400_000, "to": end_ms, "limit": 1000},
+        "usage/hourly open hour": {"tenantId": tenant, "from": open_ms, "to": open_ms + 3_600_000},
+    }
 
 
 def _rebuild(*, clock: Clock, nodes: int) -> dict[str, Any]:
@@ -174,6 +220,17 @@ def _preview_bodies(tenant: str, pool_id: str) -> dict[str, dict[str, Any]]:
     }
 
 
+def _earliest_bodies(tenant: str, pool_id: str) -> dict[str, dict[str, Any]]:
+    """capacity/earliest over the next 7 days: one that fits at once, and two that must wait."""
+    base = {"tenantId": tenant, "poolId": pool_id, "idempotencyKey": "bench-earliest", "horizon": "7d"}
+    eight = [{"class": "gpu", "count": 8}]
+    return {
+        "8 GPUs for 1 day": {**base, "devices": eight, "duration": "1d"},
+        "8 GPUs for 3 days": {**base, "devices": eight, "duration": "3d"},
+        "gang 4x8 for 1 day": {**base, "devices": eight, "duration": "1d", "gang": {"size": 4}},
+    }
+
+
 def _reads(
     *, port: int, tokens: dict[str, str], pools: dict[str, Any], clock: Clock, nodes: int
 ) -> dict[str, Any]:
@@ -206,6 +263,20 @@ def _reads(
                 client=client, method="capacity/preview", body=_constant(body), n=PREVIEW_SAMPLES
             )
             out["preview"][name] = result.as_dict()
+    with clock.step(f"{nodes} nodes: earliest fit over 7 days x{EARLIEST_SAMPLES} per shape"):
+        out["earliest"] = {}
+        for name, earliest_body in _earliest_bodies(tenant, pool_id).items():
+            earliest = latency_measure(
+                client=client, method="capacity/earliest", body=_constant(earliest_body), n=EARLIEST_SAMPLES
+            ).as_dict()
+            # What the search found: how far off the start is, and how many instants the placer was asked at.
+            status, answer = client.call("capacity/earliest", earliest_body)
+            if status == 200:
+                earliest["fits"] = answer["fits"]
+                earliest["tried"] = answer["instantsTried"]
+                if answer["fits"]:
+                    earliest["wait_h"] = round((answer["start"] - answer["searchedFrom"]) / 3_600_000, 1)
+            out["earliest"][name] = earliest
     with clock.step(f"{nodes} nodes: timeline 7 days / 336 buckets x{TIMELINE_SAMPLES}"):
         from_ms = (int(time.time() * 1000) // 3_600_000) * 3_600_000 - 3 * 86_400_000
         body = {
@@ -218,6 +289,13 @@ def _reads(
         out["timeline"] = latency_measure(
             client=client, method="capacity/timeline", body=lambda i: body, n=TIMELINE_SAMPLES
         ).as_dict()
+    with clock.step(f"{nodes} nodes: usage/hourly one tenant, 31 days x{USAGE_SAMPLES}"):
+        for name, usage_body in _usage_bodies(tenant).items():
+            out[name] = latency_measure(
+                client=client, method="usage/hourly", body=_constant(usage_body), n=USAGE_SAMPLES
+            ).as_dict()
+            status, answer = client.call("usage/hourly", usage_body)
+            out[name]["rows"] = len(answer.get("rows", [])) if status == 200 else None
     client.close()
     return out
 
@@ -399,6 +477,7 @@ def main(argv: list[str] | None = None) -> None:
             "fill": fleet["fill"],
             "rebuild": rebuild,
             "pools": len(fleet["ids"]["pools"]),
+            "usage_close": fleet["usage_close"],
         }
         with Gunicorn(database_url=server.url(BENCH_DB), log_path=log_path) as gunicorn:
             size["reads"] = _reads(port=gunicorn.port, tokens=tokens, pools=pools, clock=clock, nodes=nodes)
@@ -452,7 +531,7 @@ def _print_size(nodes: int, size: dict[str, Any]) -> None:
     table.add_column("p50 ms", justify="right")
     table.add_column("p99 ms", justify="right")
     reads = size["reads"]
-    for name in ("summary", "byPool", "timeline"):
+    for name in ("summary", "byPool", "timeline", "usage/hourly", "usage/hourly open hour"):
         table.add_row(name, f"{reads[name]['p50_ms']:.2f}", f"{reads[name]['p99_ms']:.2f}")
     for name, row in reads["preview"].items():
         table.add_row(f"preview {name}", f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import environ
 
-from config.database import database_config
+from config.database import database_config, extra_aliases
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -87,6 +87,14 @@ WSGI_APPLICATION = "config.wsgi.application"
 ASGI_APPLICATION = "config.asgi.application"
 
 DATABASES = {"default": database_config(env, BASE_DIR)}
+# Past one machine (docs/scaling.md): a streaming replica for the reads that may lag, a
+# direct connection to the primary beside a transaction pooler; neither exists unless set.
+DATABASES |= extra_aliases(env)
+DATABASE_ROUTERS = ["config.routers.ReplicaRouter"]
+# Reads leave the replica when it lags more than this, or when the tenant wrote this recently.
+DATABASE_REPLICA_MAX_LAG_SECONDS = env.float("DATABASE_REPLICA_MAX_LAG_SECONDS", default=5.0)
+DATABASE_REPLICA_AFTER_WRITE_SECONDS = env.int("DATABASE_REPLICA_AFTER_WRITE_SECONDS", default=5)
+DATABASE_REPLICA_CHECK_SECONDS = env.float("DATABASE_REPLICA_CHECK_SECONDS", default=1.0)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -151,6 +159,11 @@ CAPACITY_MAX_START_AHEAD = env.int("CAPACITY_MAX_START_AHEAD", default=365 * 864
 # every server, and per server process; beyond either the create answers 429 at once.
 CAPACITY_WAITERS_PER_TENANT = env.int("CAPACITY_WAITERS_PER_TENANT", default=8)
 CAPACITY_WAITERS_PER_PROCESS = env.int("CAPACITY_WAITERS_PER_PROCESS", default=16)
+# Hourly usage: an hour is closed (written once) this long after it ends, and each time
+# hours close, the hours closed this many hours before are counted again (a difference
+# becomes a correction row).
+CAPACITY_USAGE_CLOSE_GRACE_SECONDS = env.int("CAPACITY_USAGE_CLOSE_GRACE_SECONDS", default=300)
+CAPACITY_USAGE_RECHECK_HOURS = env.int("CAPACITY_USAGE_RECHECK_HOURS", default=6)
 # Writes (reservations/create, release, renew) per minute, counted across every server.
 API_WRITES_PER_MINUTE_PER_TOKEN = env.int("API_WRITES_PER_MINUTE_PER_TOKEN", default=6000)
 API_WRITES_PER_MINUTE_PER_TENANT = env.int("API_WRITES_PER_MINUTE_PER_TENANT", default=12000)

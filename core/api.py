@@ -39,6 +39,7 @@ from core.decisions import WRITE_PERMISSIONS, decide_platform, decide_tenant
 from core.errors import ERROR_CODES, MAX_ERROR_DETAILS, DomainError, InvalidInput, cap_details, more_detail
 from core.json_input import json_loads_strict
 from core.ratelimit import writes_count
+from core.replica import replica_aware
 
 logger = logging.getLogger(__name__)
 
@@ -458,7 +459,8 @@ def rpc_action(
     def decorate(func: F) -> F:
         responses: dict[int, Any] = {status: response, **ERROR_RESPONSES, **(errors or {})}
         # extend_schema goes on the outside, as drf-spectacular documents for actions.
-        routed: Any = action(detail=False, methods=["post"], url_path=method)(func)
+        # `replica_aware`: the lag-tolerant reads may run on a replica (core.replica); a no-op without one.
+        routed: Any = action(detail=False, methods=["post"], url_path=method)(replica_aware(func))
         text = description or func.__doc__ or ""
         decorated: F = extend_schema(
             request=request, responses=responses, summary=summary, description=text, examples=examples

@@ -21,7 +21,9 @@ reservation is looked up (so it learns nothing about what exists); a pool not
 owned by or offered to acme, or archived and not acme's, is NOT_FOUND; node
 and inventory methods are for platform bindings only, and a narrowed node
 agent reports only for the nodes it was issued for (PERMISSION_DENIED for any
-other) and lists only those.
+other) and lists only those. Pool and offering management (`pools/create` …
+`offerings/withdraw`) is for operators only; `offerings/list` for `acme` is a
+read on the tenant (its own offerings), PERMISSION_DENIED to any other tenant.
 
 Decision recorded here where the contract is silent: a tenant keeps access to
 its own reservation after the pool it was made in is archived (get, renew and,
@@ -105,6 +107,8 @@ def world(db: Any) -> World:
     }
     OfferingFactory(pool=pools["offered"], tenant=acme)
     OfferingFactory(pool=pools["archived"], tenant=acme)
+    # Offered every pool by the management cells (`offerings/create`), then withdrawn.
+    TenantFactory(id="matrix-guest")
     nodes: dict[str, Node] = {}
     devices: dict[str, Device] = {}
     for kind, pool in pools.items():
@@ -139,7 +143,7 @@ def world(db: Any) -> World:
 
 
 # What each method needs: the permission's scope ("tenant", "pool" or "platform") and its kind.
-TENANT_READS = ("capacity/summary", "reservations/list")
+TENANT_READS = ("capacity/summary", "reservations/list", "offerings/list")
 RESERVATION_READS = ("reservations/get",)
 RESERVATION_WRITES = ("reservations/renew", "reservations/release")
 POOL_READS = (
@@ -148,6 +152,8 @@ POOL_READS = (
     "capacity/timeline",
     "capacity/preview",
     "capacity/explain",
+    "capacity/earliest",
+    "usage/hourly",
 )
 POOL_WRITES = ("reservations/create",)
 PLATFORM = (
@@ -161,7 +167,18 @@ PLATFORM = (
     "inventory/report",
     "nodes/list",
 )
-METHODS = TENANT_READS + RESERVATION_READS + POOL_READS + POOL_WRITES + PLATFORM + RESERVATION_WRITES
+# Operators only; last in the matrix, as their cells change pools (each body is valid for every pool).
+MANAGE = (
+    "pools/create",
+    "pools/update",
+    "pools/archive",
+    "pools/unarchive",
+    "pools/list",
+    "offerings/create",
+    "offerings/update",
+    "offerings/withdraw",
+)
+METHODS = TENANT_READS + RESERVATION_READS + POOL_READS + POOL_WRITES + PLATFORM + RESERVATION_WRITES + MANAGE
 
 
 def body_for(method: str, kind: str, world: World, cell: str) -> dict[str, Any]:
@@ -183,9 +200,20 @@ def body_for(method: str, kind: str, world: World, cell: str) -> dict[str, Any]:
         "capacity/byPool": {"tenantId": CALLER, "poolId": pool.id},
         "pools/capacity": {"tenantId": CALLER, "poolId": pool.id},
         "capacity/timeline": {"tenantId": CALLER, "poolId": pool.id},
+        "usage/hourly": {"tenantId": CALLER, "poolId": pool.id, "from": 0, "to": 86_400_000},
         "capacity/preview": request,
         "capacity/explain": request,
+        "capacity/earliest": request,
         "reservations/create": request,
+        "offerings/list": {"tenantId": CALLER},
+        "pools/create": {"ownerTenantId": CALLER, "name": f"matrix-{kind}"},
+        "pools/update": {"poolId": pool.id, "labels": {"matrix": kind}},
+        "pools/archive": {"poolId": pool.id},
+        "pools/unarchive": {"poolId": pool.id},
+        "pools/list": {"ownerTenantId": CALLER},
+        "offerings/create": {"poolId": pool.id, "tenantId": "matrix-guest", "quota": {"gpu": 1}},
+        "offerings/update": {"poolId": pool.id, "tenantId": "matrix-guest", "quota": {"gpu": 2}},
+        "offerings/withdraw": {"poolId": pool.id, "tenantId": "matrix-guest"},
         "nodes/get": {"nodeId": node.id},
         "nodes/list": {"poolId": pool.id},
         "nodes/cordon": {"nodeId": node.id, "reason": "matrix"},
@@ -216,6 +244,10 @@ def expected(method: str, kind: str, token: str) -> tuple[int, str | None]:
         if method == "nodes/list" or (method == "inventory/report" and kind in AGENT_REACH[token]):
             return 200, None
         return 403, "PERMISSION_DENIED"
+    if method in MANAGE:
+        if token != "operator":
+            return 403, "PERMISSION_DENIED"
+        return (201, None) if method.endswith("/create") else (200, None)
     if method in PLATFORM:
         return (200, None) if token == "operator" else (403, "PERMISSION_DENIED")
     if token == "other-tenant":
@@ -412,6 +444,30 @@ def test_another_tenants_at_risk_reservation_shows_only_as_the_pools_count(world
     foreign = world.pools["foreign"]
     refused = call(acme, "capacity/byPool", {"tenantId": CALLER, "poolId": foreign.id})
     assert refused.status_code == 404 and set(refused.json()) == {"error"}
+
+
+# --- Usage: a tenant sees its own hours only --------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_tenants_usage_never_shows_another_tenants_hours(world: World) -> None:
+    """Every pool's reservation has run an hour; acme's usage is its own, whoever asks for acme."""
+    from core.clock import compute_now, set_clock_offset, to_millis
+
+    start = compute_now()
+    set_clock_offset(timedelta(hours=1))
+    try:
+        times = {"from": to_millis(start), "to": to_millis(start + timedelta(hours=1))}
+        acme_pools = {world.pools[kind].id for kind in ("owned", "offered", "archived")}
+        for token in ("tenant", "viewer", "operator"):
+            answer = call(world.tokens[token], "usage/hourly", {"tenantId": CALLER, **times}).json()
+            assert {row["poolId"] for row in answer["rows"]} == acme_pools, token
+        rival = call(world.tokens["other-tenant"], "usage/hourly", {"tenantId": "rival", **times}).json()
+        assert {row["poolId"] for row in rival["rows"]} == {world.pools["foreign"].id}
+        denied = call(world.tokens["other-tenant"], "usage/hourly", {"tenantId": CALLER, **times})
+        assert denied.status_code == 403
+    finally:
+        set_clock_offset(timedelta(0))
 
 
 # --- The admin: staff login and CSRF -------------------------------------------------------
