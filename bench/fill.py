@@ -82,12 +82,12 @@ SELECT 'alloc_' || lpad(to_hex(s.num), 26, '0'), '{}'::jsonb, false, LEAST(s.sta
 
 # Ordered by device and time, so the exclusion constraint's GiST index is
 # filled in a locality-friendly order. The phase is written here, from the same
-# clock as the reservations' states: with the triggers skipped (below), the
-# insert trigger that sets it does not run.
+# clock as the reservations' states, and so is the pool: with the triggers
+# skipped (below), the insert triggers that set them do not run.
 _BOOKINGS_SQL = """
-INSERT INTO device_bookings (device_id, allocation_id, purpose, during, phase)
+INSERT INTO device_bookings (device_id, allocation_id, purpose, during, phase, pool_id)
 SELECT d.id, 'alloc_' || lpad(to_hex(s.num), 26, '0'), 'allocation', tstzrange(s.starts_at, s.ends_at, '[)'),
-       CASE WHEN s.ends_at <= s.now THEN 2 WHEN s.starts_at <= s.now THEN 1 ELSE 0 END
+       CASE WHEN s.ends_at <= s.now THEN 2 WHEN s.starts_at <= s.now THEN 1 ELSE 0 END, s.pool_id
   FROM bench_slots s
  CROSS JOIN LATERAL unnest(s.device_ids) AS d(id)
  ORDER BY d.id, s.starts_at

@@ -167,6 +167,11 @@ class DeviceBooking(models.Model):
         max_length=16, choices=BookingPurpose.choices, default=BookingPurpose.ALLOCATION
     )
     during = DateTimeRangeField()
+    # The pool of the device's node, always: set by the `device_bookings_pool` trigger on
+    # insert and kept when a node or device moves (migration 0010). It is the distribution
+    # column a sharded PostgreSQL (Citus, keyed by pool) needs in the exclusion constraint;
+    # here it changes nothing that constraint refuses, since a device is in one pool.
+    pool_id = models.CharField(max_length=64, editable=False)
     # Overwritten on insert by the `device_bookings_phase` trigger (migration 0006).
     phase = models.PositiveSmallIntegerField(choices=BookingPhase.choices, db_default=BookingPhase.FUTURE)
 
@@ -174,9 +179,15 @@ class DeviceBooking(models.Model):
         db_table = "device_bookings"
         constraints = [
             # Guard 1: at most one booking per atom per instant, whatever the code above does.
+            # `pool_id` first, as a shard key must be; every booking of a device carries the
+            # device's pool, so this refuses exactly what (device, during) alone would.
             ExclusionConstraint(
                 name="device_bookings_no_overlap",
-                expressions=[("device", RangeOperators.EQUAL), ("during", RangeOperators.OVERLAPS)],
+                expressions=[
+                    ("pool_id", RangeOperators.EQUAL),
+                    ("device", RangeOperators.EQUAL),
+                    ("during", RangeOperators.OVERLAPS),
+                ],
             ),
             models.CheckConstraint(
                 name="device_bookings_allocation_iff_purpose",

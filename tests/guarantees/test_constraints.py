@@ -52,6 +52,64 @@ def test_exclusion_allows_touching_ranges_on_one_device() -> None:
     assert DeviceBooking.objects.filter(device=device).count() == 2
 
 
+@pytest.mark.django_db
+def test_the_constraint_is_keyed_by_pool_device_and_time() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'device_bookings_no_overlap'"
+        )
+        (definition,) = cursor.fetchone()
+    assert definition == "EXCLUDE USING gist (pool_id WITH =, device_id WITH =, during WITH &&)"
+
+
+@pytest.mark.django_db
+def test_a_booking_carries_its_devices_pool_whatever_the_writer_passed() -> None:
+    device = DeviceFactory()
+    allocation = AllocationFactory()
+    with connection.cursor() as cursor:
+        # A writer that names another pool is overruled by the trigger, so the
+        # overlap is still refused: the pool column cannot split a device's bookings.
+        cursor.execute(
+            "INSERT INTO device_bookings (device_id, allocation_id, purpose, during, pool_id)"
+            " VALUES (%s, %s, 'allocation', tstzrange(%s, %s), 'pool_elsewhere')",
+            [device.pk, allocation.pk, at(10), at(11)],
+        )
+    booking = DeviceBooking.objects.get(device=device)
+    assert booking.pool_id == device.node.pool_id
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO device_bookings (device_id, allocation_id, purpose, during, pool_id)"
+            " VALUES (%s, %s, 'allocation', tstzrange(%s, %s), 'pool_other')",
+            [device.pk, allocation.pk, at(10, 30), at(11, 30)],
+        )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        DeviceBooking.objects.filter(pk=booking.pk).update(pool_id="pool_other")
+        DeviceBooking.objects.create(
+            device=device, allocation=allocation, during=DateTimeTZRange(at(10, 30), at(11, 30))
+        )
+
+
+@pytest.mark.django_db
+def test_bookings_follow_a_node_or_a_device_that_moves_to_another_pool() -> None:
+    device = DeviceFactory()
+    allocation = AllocationFactory()
+    DeviceBooking.objects.create(device=device, allocation=allocation, during=DateTimeTZRange(at(10), at(11)))
+    node = device.node
+    other = PoolFactory()
+    node.pool = other
+    node.save(update_fields=["pool"])
+    assert list(DeviceBooking.objects.values_list("pool_id", flat=True)) == [other.pk]
+    # After the move the overlap is refused as before.
+    with pytest.raises(IntegrityError), transaction.atomic():
+        DeviceBooking.objects.create(
+            device=device, allocation=allocation, during=DateTimeTZRange(at(10, 30), at(11, 30))
+        )
+    elsewhere = DeviceFactory()
+    device.node = elsewhere.node
+    device.save(update_fields=["node"])
+    assert list(DeviceBooking.objects.values_list("pool_id", flat=True)) == [elsewhere.node.pool_id]
+
+
 def insert_booking_on_conflict_do_nothing(
     device_id: int, allocation_id: str, start: datetime, end: datetime
 ) -> int:

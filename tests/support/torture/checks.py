@@ -44,6 +44,18 @@ def check_no_double_booking() -> list[str]:
     return problems
 
 
+def check_booking_pools() -> list[str]:
+    """Guard 1's shard key: every booking carries its device's node's pool, or the constraint splits."""
+    return [
+        f"booking {booking} of device {device} says pool {said}, its node is in {actual}"
+        for booking, device, said, actual in _rows(
+            "SELECT b.id, b.device_id, b.pool_id, n.pool_id FROM device_bookings b"
+            " JOIN inventory_device d ON d.id = b.device_id JOIN inventory_node n ON n.id = d.node_id"
+            " WHERE b.pool_id IS DISTINCT FROM n.pool_id"
+        )
+    ]
+
+
 def check_scalars() -> list[str]:
     """Guard 3: every node_resources.allocated equals the sum of the live claims on it, within its limit."""
     rows = _rows(
@@ -331,6 +343,7 @@ def invariant_problems(*, require_delivery: bool = True) -> list[str]:
     """Every check above except the ones that move phases or rebuild (`problems_after_run` adds them)."""
     return [
         *check_no_double_booking(),
+        *check_booking_pools(),
         *check_scalars(),
         *check_quota(),
         *check_concurrent_quota(),
