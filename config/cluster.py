@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import pwd
@@ -36,6 +37,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -323,9 +325,14 @@ def start_api(state: State, index: int) -> None:
         "--access-logfile",
         "-",
     ]
-    state.pids[f"api{index + 1}"] = _spawn(f"api{index + 1}", args, env=app_env(ports, direct=False))
+    pid = _spawn(f"api{index + 1}", args, env=app_env(ports, direct=False))
+    state.pids[f"api{index + 1}"] = pid
     state.save()
     _wait_http(f"http://127.0.0.1:{ports.api(index)}/", what=f"API replica {index + 1}")
+    # What answered must be this replica, not another program still holding its port.
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            raise SystemExit(f"API replica {index + 1} exited: is port {ports.api(index)} taken?")
 
 
 def kill_api(state: State, index: int) -> None:
@@ -489,8 +496,13 @@ def _wait_for_signal(state: State) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     try:
-        while True:
+        # `make cluster-stop` in another terminal removes the state: then there is nothing to wait for.
+        while (STATE_DIR / "state.json").exists():
             time.sleep(1)
+            for pid in list(state.pids.values()):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)  # reap what another command stopped
+        print("\nthe cluster was stopped", flush=True)
     except KeyboardInterrupt:
         print("\nstopping the cluster", flush=True)
         stop(remove=False)
@@ -529,16 +541,36 @@ def main(argv: list[str] | None = None) -> None:
         up(apis=options.apis, detach=options.detach)
         return
     if options.command == "stop":
-        stop(remove=True)
+        with _state_lock():
+            stop(remove=True)
         return
+    with _state_lock():
+        _change(options.command, options.index)
+
+
+@contextlib.contextmanager
+def _state_lock() -> Iterator[None]:
+    """One command at a time changes the cluster: each reads, changes and writes `state.json`.
+
+    Two faults injected at once (a kill and a restart of one API replica) would
+    otherwise each write the state they read, and one of them lose the other's pid.
+    """
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with (STATE_DIR / "state.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _change(command: str, index: int) -> None:
+    """One fault or repair on the running cluster; `index` is the API replica's, 1-based."""
     state = State.load()
     if state is None:
         raise SystemExit("no cluster is running (make cluster)")
-    if options.command == "kill-api":
-        kill_api(state, options.index - 1)
-    elif options.command == "start-api":
-        start_api(state, options.index - 1)
-    elif options.command == "stop-replica":
+    if command == "kill-api":
+        kill_api(state, index - 1)
+    elif command == "start-api":
+        start_api(state, index - 1)
+    elif command == "stop-replica":
         stop_replica(state)
     else:
         start_replica(state)

@@ -199,6 +199,9 @@ def operations_run(fleet: Fleet, *, base_url: str, operations: int, seed: int) -
     ledger, tally, run = Ledger(), Tally(), Run()
     sampler = Sampler(every=25)
     faults = faults_at(operations)
+    # Each fault starts once the one before it has finished, whichever client threads take them.
+    done = {index: threading.Event() for index in faults}
+    before = dict(zip(sorted(faults)[1:], sorted(faults), strict=False))
     queue = Dealer(enumerate(ops))
 
     def client() -> None:
@@ -206,7 +209,10 @@ def operations_run(fleet: Fleet, *, base_url: str, operations: int, seed: int) -
             while (item := queue.next()) is not None:
                 index, op = item
                 if index in faults:
+                    if index in before:
+                        done[before[index]].wait()
                     launcher(*faults[index])
+                    done[index].set()
                 try:
                     sampler.maybe(index)
                     outcome = op_run(op, ledger, run, base_url=base_url, tokens=tokens, fleet=fleet)
@@ -241,6 +247,7 @@ def fill_run(*, base_url: str, run: Run) -> tuple[int, int, int, list[str]]:
     made: list[str] = []
     failures: list[str] = []
     lock = threading.Lock()
+    killed = threading.Event()
     counter = iter(range(10**6))
 
     def client() -> None:
@@ -250,7 +257,10 @@ def fill_run(*, base_url: str, run: Run) -> tuple[int, int, int, list[str]]:
                     n = next(counter)
                 if n == 8:
                     launcher("kill-api", "3")
+                    killed.set()
                 if n == 20:
+                    # After the kill has finished, whichever client thread took n == 8.
+                    killed.wait()
                     launcher("start-api", "3")
                 body = {
                     "tenantId": tenant.id,
