@@ -314,7 +314,11 @@ def test_a_change_that_reaches_into_a_closed_hour_is_recorded_as_a_correction_ro
     add up to the bookings again and say the hour was corrected.
     """
     make_node(owned_pool, gpus=1)
-    start = compute_now()
+    # Twenty minutes into an hour, whatever the wall clock says: three hours on, the
+    # first three hours are all past their grace and closed (a start in the first
+    # minutes of an hour would leave the third open, and nothing to correct there).
+    now = compute_now()
+    start = clock(hour_floor(now) + HOUR + timedelta(minutes=20) - now)
     rsv = _one_gpu(owned_pool, duration_seconds=5 * 3600)
     clock(timedelta(hours=3))
     usage_close_due()
