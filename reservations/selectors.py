@@ -236,6 +236,14 @@ def _spot_reservations_displaced(*, device_ids: list[int], start: datetime, end:
     return int(row[0]) if row else 0
 
 
+def _plan_candidates(*, request: ReservationRequest, plan: Any) -> list[dict[str, Any]]:
+    """A plan's options as preview answers them: one per node, or the best gang's members."""
+    if not plan.fits:
+        return []
+    members = plan.options[0].members if request.gang_size else [o.members[0] for o in plan.options]
+    return [{"nodeId": m.node_id, "atoms": list(m.atoms), "score": m.score} for m in members]
+
+
 def capacity_preview(*, request: ReservationRequest, pool: Pool) -> dict[str, Any]:
     """What `reservations/create` would do now, without writing anything or checking quota.
 
@@ -253,10 +261,7 @@ def capacity_preview(*, request: ReservationRequest, pool: Pool) -> dict[str, An
 
     window = placement_window(request=request)
     plan, displacing = plan_for_preview(request=request, pool=pool, window=window)
-    candidates: list[dict[str, Any]] = []
-    if plan.fits:
-        members = plan.options[0].members if request.gang_size else [o.members[0] for o in plan.options]
-        candidates = [{"nodeId": m.node_id, "atoms": list(m.atoms), "score": m.score} for m in members]
+    candidates = _plan_candidates(request=request, plan=plan)
     preemptible = None
     if displacing is not None and displacing.fits:
         best = displacing.options[0]
@@ -326,8 +331,7 @@ def capacity_earliest(
     reason = None
     if found.plan is not None and found.plan.fits:
         plan = found.plan
-        members = plan.options[0].members if request.gang_size else [o.members[0] for o in plan.options]
-        candidates = [{"nodeId": m.node_id, "atoms": list(m.atoms), "score": m.score} for m in members]
+        candidates = _plan_candidates(request=request, plan=plan)
         start_ms, end_ms = to_millis(plan.window.start), to_millis(plan.window.end)
     elif found.reason is not None:
         reason = {"code": found.reason.code, "message": found.reason.message}
