@@ -180,7 +180,7 @@ def _spawn(name: str, args: list[str], *, env: dict[str, str], as_server: bool =
 
 
 def _pg_ctl(datadir: Path, action: str, port: int | None = None) -> None:
-    args = [pg_bin("pg_ctl"), "-D", str(datadir), "-w", "-t", "60"]
+    args = [pg_bin("pg_ctl"), "-D", str(datadir), "-w", "-t", "180"]
     if action == "start":
         args += ["-l", str(STATE_DIR / "logs" / f"{datadir.name}.log"), "-o", f"-p {port}"]
     else:
