@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import psycopg
 
 from inventory.choices import GPU_ATOM_CLASSES
-from reservations.counts import NODE_ATOM_COUNTS_SQL
+from reservations.rollups.counts import NODE_ATOM_COUNTS_SQL
 
 PAST_DAYS = 30
 FUTURE_DAYS = 7

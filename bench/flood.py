@@ -44,10 +44,10 @@ def _setup(conninfo_url: str) -> dict[str, Any]:
     django.setup()
     from django.core.management import call_command
 
-    from capacity.rollups import rollup_rebuild_all
     from core.services import token_issue
     from fleets.load import fleet_load
     from inventory.models import Pool
+    from reservations.rollups.recount import rollup_rebuild_all
 
     call_command("migrate", verbosity=0, interactive=False)
     demo = Path(__file__).resolve().parents[1] / "fleets" / "demo.json"

@@ -55,7 +55,7 @@ SEAMS: tuple[tuple[str, str, str], ...] = (
     ("core.api", "StrictJSONParser.parse", "parsing"),
     ("reservations.api.views", "reservation_request_resolve", "parsing"),
     ("core.api", "rpc_input", "parsing"),
-    ("reservations.validation", "decide_pool", "decision"),
+    ("reservations.request.resolve", "decide_pool", "decision"),
     ("core.api", "decide_tenant", "decision"),
     ("core.api", "writes_count", "rate limit"),
     ("reservations.services", "_existing", "idempotency"),
@@ -65,7 +65,7 @@ SEAMS: tuple[tuple[str, str, str], ...] = (
     ("reservations.services", "placement_charge", "commit: charge"),
     ("reservations.services", "_create_once", "commit: transaction"),
     ("reservations.services", "_release_once", "commit: transaction"),
-    ("reservations.outbox", "outbox_deliver_reservation", "delivery"),
+    ("reservations.delivery.outbox", "outbox_deliver_reservation", "delivery"),
     ("reservations.api.views", "reservation_get", "read back"),
     ("reservations.api.views", "reservation_payload", "serialization"),
     ("core.api", "EscapedJSONRenderer.render", "serialization"),
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.reuse_db:
         tenant, pool_id = _main_pool()
     else:
-        from capacity.rollups import rollup_rebuild_all
+        from reservations.rollups.recount import rollup_rebuild_all
 
         fleet = _build_fleet(server=server, nodes=args.nodes, clock=clock)
         with clock.step(f"{args.nodes} nodes: rebuild_rollups"):

@@ -168,7 +168,7 @@ def _usage_bodies(tenant: str) -> dict[str, dict[str, Any]]:
 
 
 def _rebuild(*, clock: Clock, nodes: int) -> dict[str, Any]:
-    from capacity.rollups import rollup_rebuild_all
+    from reservations.rollups.recount import rollup_rebuild_all
 
     runs = []
     with clock.step(f"{nodes} nodes: rebuild_rollups x{REBUILD_RUNS}"):

@@ -44,7 +44,7 @@ console = Console()
 
 def worker_pass() -> dict[str, Any]:
     """One pass of every job: the total and each job's seconds, count and outcome."""
-    from capacity.worker import WorkerLoop
+    from worker.jobs import WorkerLoop
 
     loop = WorkerLoop(holder="bench")
     try:
@@ -64,7 +64,7 @@ def worker_pass() -> dict[str, Any]:
 
 def schedule_query(samples: int = SCHEDULE_SAMPLES) -> dict[str, float]:
     """`next_deadline()`'s latency (p50, p99) in milliseconds."""
-    from capacity.worker import next_deadline
+    from worker.jobs import next_deadline
 
     runs = []
     for _ in range(samples):

@@ -21,7 +21,7 @@ from typing import Any
 from better_compute import __version__, render
 from better_compute.client import ApiError, Client, Unreachable
 from better_compute.config import DEFAULT_URL, ConfigError, Settings, resolve
-from better_compute.selectors import SelectorError, parse_selector
+from better_compute.device_match import SelectorError, parse_selector
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 

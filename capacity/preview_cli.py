@@ -8,13 +8,13 @@ from typing import Any, TextIO
 
 from django.core.management.base import CommandError
 
-from capacity.cli_selectors import parse_cli_selector
+from capacity.cli_device_match import parse_cli_selector
+from capacity.selectors.planning import capacity_preview
 from core.errors import DomainError
 from inventory.choices import SLOT_SHARING
 from inventory.models import Pool
-from reservations.request import parse_reservation_request
-from reservations.selectors import capacity_preview
-from reservations.selectors_parse import selector_to_api
+from reservations.request.device_match import selector_to_api
+from reservations.request.parse import parse_reservation_request
 
 
 def preview_command(

@@ -48,6 +48,8 @@ INSTALLED_APPS = [
     "ledger",
     "reservations",
     "capacity",
+    "operations",
+    "worker",
     "fleets",
 ]
 
@@ -63,7 +65,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Nodes are told about a create or a release after its response has gone out.
-    "reservations.outbox.DeliverAfterResponse",
+    "reservations.delivery.outbox.DeliverAfterResponse",
 ]
 
 ROOT_URLCONF = "config.urls"

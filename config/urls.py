@@ -14,7 +14,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/compute/", include("capacity.api.urls")),
     path("api/compute/", include("reservations.api.urls")),
-    path("api/compute/", include("capacity.api.timeline")),
+    path("api/compute/", include("operations.api.urls")),
     path("api/schema/", api_read_only(SpectacularAPIView.as_view()), name="schema"),
     path("api/docs/", api_read_only(SpectacularSwaggerView.as_view(url_name="schema")), name="api-docs"),
     # Last: any other /api/ URL answers the JSON envelope, whatever the method,

@@ -7,9 +7,9 @@ never reuse a key for another job.
 from __future__ import annotations
 
 ADVISORY_LOCK_KEYS: dict[str, int] = {
-    # capacity.reconciler's one-off pass, and the worker's periodic rebuild: one rebuild at a time.
+    # worker.reconciler's one-off pass, and the worker's periodic rebuild: one rebuild at a time.
     "rollup-reconciler": 7_301_001,
-    # The worker's jobs (capacity.worker): several workers may run, each job runs in one at a time.
+    # The worker's jobs (worker.jobs): several workers may run, each job runs in one at a time.
     "worker:lease-expire": 7_301_011,
     "worker:reservation-settle": 7_301_012,
     "worker:bookings-advance": 7_301_013,

@@ -1,7 +1,7 @@
 """Loading a parsed fleet file: one transaction, set-based and in batches, idempotent.
 
 Loading the same file twice leaves the same rows. Pools, offerings and quota
-limits go through the same services as the management API (`inventory.pools`,
+limits go through the same services as the management API (`inventory.services.pools`,
 `ledger.offerings`); node reports through the same path as `inventory/report`.
 
 A pool changed through the API (`pools/*`, `offerings/*`) belongs to the API
@@ -19,11 +19,11 @@ from django.db import transaction
 from core.services import tenants_upsert
 from fleets.spec import BATCH_NODES, NodeSpec, PoolSpec, Progress, fleet_parse
 from inventory.models import Node, Pool
-from inventory.pools import pool_create, pool_set_archived, pool_update
-from inventory.registration import NodeDeclaration, nodes_register
+from inventory.services.pools import pool_create, pool_set_archived, pool_update
+from inventory.services.registration import NodeDeclaration, nodes_register
 from ledger.offerings import offering_declare
-from reservations.layouts import node_reports_apply
-from reservations.node_events import nodes_changing
+from reservations.nodes.changes import nodes_changing
+from reservations.nodes.reports import node_reports_apply
 
 
 def fleet_load(*, data: Any, actor: str = "fleet-loader", progress: Progress | None = None) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from inventory.choices import (
     TaintEffect,
     Trust,
 )
-from inventory.operations import TAINT_KEY_RE
 from inventory.reports import HOSTNAME_RE, NodeReport, report_parse
+from inventory.services.nodes import TAINT_KEY_RE
 from ledger.models import QuotaMode
 
 # Patterns are matched whole (`fullmatch`), so a trailing newline never passes for `$`.

@@ -1,6 +1,6 @@
 """Offerings with their quotas, as operators manage them (`offerings/*`) and fleet files declare them.
 
-The offering row is inventory's (`inventory.registration`), its quota rows
+The offering row is inventory's (`inventory.services.registration`), its quota rows
 this app's (`ledger.quota`); a change of either goes through here, audited
 with its actor. Withdrawing needs the reservations, so it lives in
 `reservations.offerings`.
@@ -14,8 +14,8 @@ from core.errors import Conflict, InvalidInput, NotFound
 from core.models import Tenant
 from core.services import audit_record
 from inventory.models import Offering, Pool
-from inventory.pools import pool_mark_api_changed
-from inventory.registration import offering_ensure
+from inventory.services.pools import pool_mark_api_changed
+from inventory.services.registration import offering_ensure
 from ledger.models import QuotaUsage
 from ledger.quota import quota_limits_apply, quota_rows
 

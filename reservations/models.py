@@ -145,7 +145,7 @@ class BookingPhase(models.IntegerChoices):
 
     Set on insert by a trigger from the booking's window and `compute_now()`
     (the clock the inserting transaction's deltas use), moved forward by the
-    worker (`reservations.phases`) when the booking starts and ends, with the
+    worker (`reservations.lifecycle.phases`) when the booking starts and ends, with the
     matching rollup deltas in the same transaction. The rebuild counts phases,
     so it and the deltas agree by construction.
     """
@@ -230,7 +230,7 @@ class NodeAtomCount(models.Model):
     instead of every atom of the pool (`reservations.placer.plan`). PostgreSQL
     keeps the rows in the statement that inserts, moves or deletes a booking
     or changes a device (the triggers of migration 0007), so no writer can
-    leave them behind; `reservations.counts.NODE_ATOM_COUNTS_SQL` is the
+    leave them behind; `reservations.rollups.counts.NODE_ATOM_COUNTS_SQL` is the
     recount the torture checks compare them with. A booking whose end has
     passed counts until the worker moves its phase (seconds): the count is a
     hint for ranking, and every plan still checks the atoms it picks.

@@ -11,8 +11,8 @@ from django.db import transaction
 from core.errors import Conflict
 from core.services import audit_record
 from inventory.models import Pool
-from inventory.pools import pool_mark_api_changed
-from inventory.registration import offering_remove
+from inventory.services.pools import pool_mark_api_changed
+from inventory.services.registration import offering_remove
 from ledger.offerings import offering_find
 from ledger.quota import quota_rows_lock, quota_rows_remove
 from reservations.models import Reservation

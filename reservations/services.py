@@ -10,7 +10,7 @@ Waiting (`wait.timeoutMs`): a create that does not fit LISTENs on
 a lease expiry or a settlement sends `pg_notify` inside its transaction,
 delivered at commit), until the timeout. There is no sleep loop.
 
-The nodes hear of a change through the outbox (`reservations.outbox`): the
+The nodes hear of a change through the outbox (`reservations.delivery.outbox`): the
 create's INSERT and the release's UPDATE write the delivery row in the same
 statement, and the worker is woken on its channel (`WORKER_CHANNEL`) by every
 write that brings one of its deadlines closer: a create (its end, a lease, a
@@ -38,20 +38,20 @@ from core.constants import DEADLOCK_DETECTED, WORKER_CHANNEL
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
 from core.services import audit_record
 from inventory.models import Pool
-from reservations.daemon import daemon_behind, daemon_deliver, daemon_shorten
-from reservations.models import DeliveryKind, Reservation
-from reservations.outbox import (
+from reservations.delivery.daemon import daemon_behind, daemon_deliver, daemon_shorten
+from reservations.delivery.outbox import (
     deliver_after_commit,
     delivery_enqueue,
     delivery_params,
     enqueue_sql,
     outbox_deliver_due,
 )
+from reservations.models import DeliveryKind, Reservation
 from reservations.placer.commit import placement_charge, placement_commit, reservation_cut
 from reservations.placer.plan import placement_window
-from reservations.request import canonical_request_digest
-from reservations.request_types import ReservationRequest
-from reservations.validation import reservation_request_check
+from reservations.request.parse import canonical_request_digest
+from reservations.request.resolve import reservation_request_check
+from reservations.request.types import ReservationRequest
 from reservations.waits import LISTENER, RELEASE_CHANNEL, wait_for_release, wait_slot
 
 logger = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def reservation_create(
     Idempotent per (tenant, idempotencyKey): the same request returns the same
     reservation, a different one raises `IdempotencyConflict`.
 
-    `pool` is the pool of a `reservations.validation.ResolvedRequest` (the
+    `pool` is the pool of a `reservations.request.resolve.ResolvedRequest` (the
     API's view): the request was checked against it, pool, project and sharing
     mode, and is not checked again here. Without it (the CLI, scripts, tests)
     the request goes through `reservation_request_check`, the same checks

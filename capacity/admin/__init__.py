@@ -1,8 +1,8 @@
-"""The operator admin of the top layer: node and pool consoles, the ledger's counters, hourly usage.
+"""The admin of capacity's own tables: hourly usage (read-only, with its CSV).
 
 Django's autodiscovery imports this package; each module registers its admins.
 """
 
-from capacity.admin import consoles, counters, resources, usage
+from capacity.admin import usage
 
-__all__ = ["consoles", "counters", "resources", "usage"]
+__all__ = ["usage"]

@@ -5,10 +5,9 @@ from __future__ import annotations
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from capacity.api.views import pool_read_input
-from capacity.timeline import MAX_STEP_MINUTES, MIN_STEP_MINUTES, timeline_compute
+from capacity.selectors.timeline import MAX_STEP_MINUTES, MIN_STEP_MINUTES, timeline_compute
 from core.api import (
     RpcViewSet,
     StrictIntegerField,
@@ -96,9 +95,3 @@ class TimelineViewSet(RpcViewSet):
             step_minutes=data.get("stepMinutes"),
         )
         return rpc_output(TimelineOutput, answer)
-
-
-router = SimpleRouter(trailing_slash=False)
-router.register("capacity", TimelineViewSet, basename="capacity-timeline")
-
-urlpatterns = router.urls

@@ -1,22 +1,18 @@
-"""Routes: `capacity/*`, `pools/*`, `offerings/*`, `nodes/*`, `devices/setHealth`, `inventory/report`,
-`usage/*`."""
+"""Routes: every `capacity/*` method, and `usage/*`."""
 
 from __future__ import annotations
 
 from rest_framework.routers import SimpleRouter
 
-from capacity.api.management import OfferingsViewSet
-from capacity.api.nodes import DevicesViewSet, InventoryViewSet, NodesViewSet
+from capacity.api.planning import PlanningViewSet
+from capacity.api.timeline import TimelineViewSet
 from capacity.api.usage import UsageViewSet
-from capacity.api.views import CapacityViewSet, PoolsViewSet
+from capacity.api.views import CapacityViewSet
 
 router = SimpleRouter(trailing_slash=False)
 router.register("capacity", CapacityViewSet, basename="capacity")
-router.register("pools", PoolsViewSet, basename="pools")
-router.register("offerings", OfferingsViewSet, basename="offerings")
-router.register("nodes", NodesViewSet, basename="nodes")
-router.register("devices", DevicesViewSet, basename="devices")
-router.register("inventory", InventoryViewSet, basename="inventory")
+router.register("capacity", PlanningViewSet, basename="capacity-planning")
+router.register("capacity", TimelineViewSet, basename="capacity-timeline")
 router.register("usage", UsageViewSet, basename="usage")
 
 urlpatterns = router.urls

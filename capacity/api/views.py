@@ -1,4 +1,4 @@
-"""`capacity/summary`, `capacity/byPool` and `pools/capacity`: rollup reads (`compute:capacity:read`)."""
+"""`capacity/summary` and `capacity/byPool` (also `pools/capacity`): rollup reads."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any, TypeVar
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from capacity.api.management import PoolManagementMixin
 from capacity.api.serializers import ByPoolInput, ByPoolOutput, SummaryInput, SummaryOutput
-from capacity.selectors import capacity_summary, pool_capacity, pool_fragmentation
+from capacity.selectors.pools import capacity_summary, pool_capacity, pool_fragmentation
 from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input, rpc_tenant_input
 from core.authentication import principal_of
 from core.decisions import CAPACITY_READ
@@ -35,7 +34,7 @@ def pool_read_input(request: Request, serializer: type[StrictSerializer]) -> tup
     return data, pool
 
 
-def _by_pool(request: Request) -> Response:
+def by_pool_answer(request: Request) -> Response:
     _, pool = pool_read_input(request, ByPoolInput)
     # The selector already answers in the contract's shape (plain ints and
     # strings), so the output serializer only documents it (OpenAPI): walking
@@ -58,7 +57,7 @@ BY_POOL_DESCRIPTION = (
 )
 
 
-def _by_pool_action(method: str, summary: str) -> Callable[[F], F]:
+def by_pool_action(method: str, summary: str) -> Callable[[F], F]:
     """`capacity/byPool` and `pools/capacity`: one method under two names."""
     return rpc_action(
         method, request=ByPoolInput, response=ByPoolOutput, summary=summary, description=BY_POOL_DESCRIPTION
@@ -83,14 +82,6 @@ class CapacityViewSet(RpcViewSet):
         # Already in the contract's shape; see `_by_pool`.
         return Response(capacity_summary(tenant_id=data["tenant_id"]))
 
-    @_by_pool_action("byPool", "One pool's rollup rows")
+    @by_pool_action("byPool", "One pool's rollup rows")
     def by_pool(self, request: Request) -> Response:
-        return _by_pool(request)
-
-
-class PoolsViewSet(PoolManagementMixin, RpcViewSet):
-    """The pools group: `pools/capacity` answers exactly as `capacity/byPool`; the rest is management."""
-
-    @_by_pool_action("capacity", "One pool's rollup rows (same as capacity.byPool)")
-    def capacity(self, request: Request) -> Response:
-        return _by_pool(request)
+        return by_pool_answer(request)

@@ -1,6 +1,6 @@
 """The placer: filters and scorers in SQL, a ranked shortlist, and the guarded commit.
 
-Contract. Input: a validated `reservations.request_types.ReservationRequest`
+Contract. Input: a validated `reservations.request.types.ReservationRequest`
 and its pool. `plan.placement_window` fixes `[start, end)` by the database
 clock; `plan.placement_plan` returns up to 10 ranked options (one node, or a
 gang's members), each naming the atoms it would book, or a reason; it writes

@@ -40,16 +40,16 @@ from core.constants import DEADLOCK_DETECTED
 from core.errors import NoCapacity
 from inventory.choices import SCALAR_RESOURCES
 from inventory.models import Pool
-from inventory.resources import node_resources_claim, node_resources_give_back
 from inventory.schedulability import schedulable_sql
+from inventory.services.resources import node_resources_claim, node_resources_give_back
 from ledger.quota import quota_charge, quota_give_back
-from ledger.rollups import rollup_apply_deltas
-from reservations.counts import COUNTED_ATOM_SQL, COUNTED_NODE_SQL
 from reservations.holdings import holdings_peaks
 from reservations.models import Allocation, BookingPhase, Reservation
 from reservations.placer.filters import Window
 from reservations.placer.plan import Member, Option, Plan, placement_plan
-from reservations.request_types import ReservationRequest
+from reservations.request.types import ReservationRequest
+from reservations.rollups.counts import COUNTED_ATOM_SQL, COUNTED_NODE_SQL
+from reservations.rollups.deltas import rollup_apply_deltas
 
 logger = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ def placement_charge(*, placement: Placement, request: ReservationRequest) -> No
 
 # Step 1 of a cut: mark the allocations released (once: the guarded UPDATE) and
 # lock their nodes FOR SHARE in id order, in one statement. A node or device
-# change (which holds the node FOR UPDATE, `reservations.node_events`) then
+# change (which holds the node FOR UPDATE, `reservations.nodes.changes`) then
 # either committed before the next statement's snapshot, and is counted there,
 # or waits for this transaction; scalars are counted where their node is.
 _CUT_RELEASE_SQL = f"""
@@ -453,7 +453,7 @@ def reservation_cut(
     which saves reading them again.
 
     The rollups lose what they count of these bookings, by phase and only on
-    counted atoms (`reservations.counts`): a deleted booking its phase's
+    counted atoms (`reservations.rollups.counts`): a deleted booking its phase's
     count; a booking cut to end by now (`at <= compute_now()`) its phase's
     count, and it becomes OVER; a booking cut to a later end (a spot notice)
     keeps its phase, and the worker moves it when the clock gets there. A

@@ -40,7 +40,7 @@ from inventory.models import Pool
 from reservations.placer.filters import Window, gang_key, node_filters_sql, selector_sql
 from reservations.placer.plan import Plan, Reason, placement_plan
 from reservations.placer.sql import Params
-from reservations.request_types import ReservationRequest
+from reservations.request.types import ReservationRequest
 
 # How many instants one statement names; the placer is asked at each in turn.
 CANDIDATES_PER_QUERY = 16

@@ -36,7 +36,7 @@ from reservations.placer.filters import (
     window_sql,
 )
 from reservations.placer.sql import Params
-from reservations.request_types import ReservationRequest
+from reservations.request.types import ReservationRequest
 
 SAMPLES = 10
 # The classes in the order the filters run; `fit` last.

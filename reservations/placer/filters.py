@@ -32,7 +32,7 @@ from inventory.attributes import NODE_LABEL_PREFIX, attribute_type
 from inventory.choices import CLASS_SHARING, GPU_ATOM_CLASSES
 from inventory.schedulability import schedulable_sql
 from reservations.placer.sql import Params
-from reservations.request_types import DeviceRequest, ReservationRequest, Selector
+from reservations.request.types import DeviceRequest, ReservationRequest, Selector
 
 _COMPARE = {"eq": "=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 

@@ -38,8 +38,7 @@ from reservations.placer.filters import (
 )
 from reservations.placer.scorers import score_sql
 from reservations.placer.sql import Params
-from reservations.request import start_horizon_message, start_horizon_seconds
-from reservations.request_types import ReservationRequest
+from reservations.request.types import ReservationRequest, start_horizon_message, start_horizon_seconds
 
 SHORTLIST_SIZE = 10
 # How many nodes (plain requests) or label groups (gangs) the kept counts hand

@@ -14,10 +14,10 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from capacity.node_selectors import node_allocatable_gpus, node_atoms
 from core.models import AuditEvent
 from inventory.models import Node, Pool, Taint
 from ledger.models import PoolCapacityRollup
+from operations.selectors import node_allocatable_gpus, node_atoms
 from reservations.models import DeviceBooking
 from tests.support.admin import messages_of
 from tests.support.factories import AllocationFactory, DeviceFactory, NodeFactory, ReservationFactory
@@ -282,7 +282,7 @@ def test_node_page_costs_the_same_number_of_queries_as_atoms_grow(
 
 
 def test_capacity_bar_reads_without_colour() -> None:
-    from capacity import charts
+    from operations import charts
 
     row = PoolCapacityRollup(
         total=64,
@@ -314,7 +314,7 @@ def test_capacity_bar_reads_without_colour() -> None:
 
 
 def test_timeline_chart_draws_one_column_per_bucket_with_its_numbers() -> None:
-    from capacity import charts
+    from operations import charts
 
     start = 1_790_000_000_000
     buckets = [
@@ -332,7 +332,7 @@ def test_timeline_chart_draws_one_column_per_bucket_with_its_numbers() -> None:
 def test_editing_a_node_resource_moves_the_pools_scalar_capacity_at_once(
     operator: Client, owned_pool: Pool
 ) -> None:
-    from capacity.rollups import rollup_rebuild, rollup_recount
+    from reservations.rollups.recount import rollup_rebuild, rollup_recount
     from tests.support.placement import make_node
 
     node = make_node(owned_pool, resources={"vcpu": 100})

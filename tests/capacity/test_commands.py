@@ -9,9 +9,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from capacity.preview_cli import preview_command
-from capacity.rollups import rollup_rebuild_all
-from capacity.selectors import capacity_summary, rollup_rows
+from capacity.selectors.pools import capacity_summary, rollup_rows
 from inventory.models import Pool
+from reservations.rollups.recount import rollup_rebuild_all
 from tests.support.commands import run_command
 from tests.support.factories import NodeFactory, PoolFactory, TenantFactory, gpus
 from tests.support.placement import make_node

@@ -19,8 +19,8 @@ from rest_framework.test import APIClient
 from core.clock import compute_now
 from inventory.models import Device, Node, Pool
 from inventory.schedulability import predicate_terms
+from operations.services import device_set_health, node_cordon
 from reservations.models import DeviceBooking
-from reservations.node_events import device_set_health, node_cordon
 from tests.support.admin import links_of
 from tests.support.api import post
 from tests.support.placement import make_node

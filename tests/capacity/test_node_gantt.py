@@ -14,8 +14,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from capacity.node_selectors import node_gantt
 from inventory.models import Device, Node, Pool
+from operations.selectors import node_gantt
 from reservations.models import Reservation
 from tests.support.admin import links_of
 from tests.support.factories import AllocationFactory, ReservationFactory

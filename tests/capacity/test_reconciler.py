@@ -9,14 +9,14 @@ from collections.abc import Callable, Iterator
 import pytest
 from django.db import connection
 
-from capacity import reconciler
-from capacity.reconciler import reconcile_once
-from capacity.worker import WorkerLoop, worker_jobs
 from core.locks import ADVISORY_LOCK_KEYS
 from inventory.models import Node, Pool
 from tests.support.factories import NodeFactory, PoolFactory, gpus
 from tests.support.records import row
 from tests.support.threads import Worker
+from worker import reconciler
+from worker.jobs import WorkerLoop, worker_jobs
+from worker.reconciler import reconcile_once
 
 
 @pytest.fixture

@@ -15,14 +15,14 @@ from decimal import Decimal
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from capacity import rollups
-from capacity.rollups import rollup_rebuild, rollup_rebuild_all, rollup_recount
-from capacity.selectors import capacity_summary, rollup_rows
+from capacity.selectors.pools import capacity_summary, rollup_rows
 from core.clock import compute_now, set_clock_offset
 from inventory.models import Device, Pool
 from ledger.models import PoolCapacityRollup
-from ledger.rollups import rollup_apply_count_deltas, rollup_apply_delta
 from reservations.models import BookingPhase, DeviceBooking
+from reservations.rollups import recount as rollups
+from reservations.rollups.deltas import rollup_apply_count_deltas, rollup_apply_delta
+from reservations.rollups.recount import rollup_rebuild, rollup_rebuild_all, rollup_recount
 from tests.support.clock import HOUR
 from tests.support.factories import (
     AllocationFactory,

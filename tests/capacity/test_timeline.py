@@ -1,4 +1,4 @@
-"""capacity.timeline: buckets against hand-counted bookings, defaults, limits, and the API method."""
+"""capacity.selectors.timeline: buckets against hand-counted bookings, defaults, limits and the API."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from rest_framework.test import APIClient
 
-from capacity.timeline import timeline_compute
+from capacity.selectors.timeline import timeline_compute
 from core.clock import compute_now, to_millis
 from core.errors import InvalidInput
 from inventory.models import Device, Node, Pool

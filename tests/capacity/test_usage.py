@@ -27,12 +27,11 @@ from capacity.usage import (
     usage_close_due,
     usage_page,
 )
-from capacity.worker import next_deadline
 from core.clock import compute_now, set_clock_offset, to_millis
 from core.errors import NoCapacity
 from inventory.models import Pool
+from reservations.lifecycle.phases import bookings_advance
 from reservations.models import DeviceBooking, Reservation
-from reservations.phases import bookings_advance
 from reservations.services import (
     lease_expire_due,
     reservation_create,
@@ -42,6 +41,7 @@ from reservations.services import (
 from tests.support.api import post_json
 from tests.support.factories import ProjectFactory
 from tests.support.placement import gpu_request, make_node
+from worker.jobs import next_deadline
 
 GRACE = timedelta(seconds=300)
 US = timedelta(microseconds=1)

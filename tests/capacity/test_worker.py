@@ -21,15 +21,6 @@ from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
-from capacity.worker import (
-    Deadlines,
-    Job,
-    JobResult,
-    WorkerLoop,
-    next_deadline,
-    worker_jobs,
-    worker_lanes,
-)
 from core.clock import compute_now
 from core.locks import ADVISORY_LOCK_KEYS
 from core.models import WorkerJob
@@ -41,6 +32,15 @@ from tests.support.commands import run_command
 from tests.support.factories import AllocationFactory, NodeFactory, ReservationFactory
 from tests.support.records import book
 from tests.support.threads import JOIN_SECONDS, Worker
+from worker.jobs import (
+    Deadlines,
+    Job,
+    JobResult,
+    WorkerLoop,
+    next_deadline,
+    worker_jobs,
+    worker_lanes,
+)
 
 SECOND = timedelta(seconds=1)
 
@@ -405,7 +405,7 @@ def test_a_job_that_raises_is_logged_and_recorded_and_the_others_still_run(
     ]
     loop = WorkerLoop(jobs=jobs, holder="test:1")
     try:
-        with caplog.at_level(logging.ERROR, logger="capacity.worker"):
+        with caplog.at_level(logging.ERROR, logger="worker.jobs"):
             results = loop.run_once()
     finally:
         loop.close()

@@ -30,7 +30,6 @@ import pytest
 import requests
 from django.db import connection, transaction
 
-from capacity.rollups import rollup_rebuild
 from core.clock import compute_now
 from core.models import AuditEvent, WorkerJob
 from core.services import token_issue
@@ -38,6 +37,7 @@ from core.worker_status import HEARTBEAT_ROW
 from inventory.models import Node, Pool
 from ledger.models import QuotaUsage
 from reservations.models import Reservation
+from reservations.rollups.recount import rollup_rebuild
 from reservations.services import reservation_create
 from tests.support.factories import QuotaUsageFactory
 from tests.support.paths import ROOT

@@ -22,9 +22,9 @@ from zoneinfo import ZoneInfo
 import pytest
 import requests
 
-from capacity.rollups import rollup_rebuild
 from core.services import token_issue
 from inventory.models import Node, Pool
+from reservations.rollups.recount import rollup_rebuild
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)

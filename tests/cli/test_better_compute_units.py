@@ -20,9 +20,9 @@ from better_compute import render
 from better_compute.cli import parse_duration, parse_time
 from better_compute.client import ApiError, Client, Unreachable
 from better_compute.config import DEFAULT_URL, ConfigError, resolve
-from better_compute.selectors import SelectorError, parse_selector
-from capacity.cli_selectors import SelectorSyntaxError, parse_cli_selector
-from reservations.selectors_parse import selector_to_api
+from better_compute.device_match import SelectorError, parse_selector
+from capacity.cli_device_match import SelectorSyntaxError, parse_cli_selector
+from reservations.request.device_match import selector_to_api
 
 # --- Configuration ------------------------------------------------------------------
 

@@ -230,10 +230,10 @@ def operations_run(fleet: Fleet, *, base_url: str, operations: int, seed: int) -
 
 def fill_run(*, base_url: str, run: Run) -> tuple[int, int, int, list[str]]:
     """16 clients take one GPU each until NO_CAPACITY; an API replica is killed and restarted meanwhile."""
-    from capacity.rollups import rollup_rebuild_all
     from core.services import token_issue
     from ledger.models import PoolCapacityRollup
     from reservations.models import DeviceBooking, Reservation
+    from reservations.rollups.recount import rollup_rebuild_all
     from tests.support.factories import PoolFactory, TenantFactory
     from tests.support.placement import make_node
 

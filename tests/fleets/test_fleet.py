@@ -177,7 +177,7 @@ def _rollup_counts() -> dict[tuple[str, str], tuple[int, ...]]:
 
 @pytest.mark.django_db
 def test_a_reload_that_cordons_a_known_node_moves_its_gpus_at_once() -> None:
-    from capacity.rollups import rollup_recount
+    from reservations.rollups.recount import rollup_recount
 
     data = json.loads(DEMO.read_text())
     load(DEMO)

@@ -16,10 +16,10 @@ from django.contrib import admin
 from django.test import Client
 from django.urls import reverse
 
-from capacity.rollups import rollup_rebuild_all
 from core.services import audit_record, token_issue
 from fleets.load import fleet_load
 from inventory.models import Pool
+from reservations.rollups.recount import rollup_rebuild_all
 from reservations.services import reservation_create
 from tests.support.admin import links_of
 from tests.support.paths import ROOT

@@ -11,11 +11,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from capacity.rollups import rollup_rebuild
 from core.models import AuditEvent
 from inventory.models import Device, Node, Pool
 from ledger.models import PoolCapacityRollup
 from reservations.models import DeviceBooking
+from reservations.rollups.recount import rollup_rebuild
 from tests.support.factories import (
     AllocationFactory,
     DeviceFactory,

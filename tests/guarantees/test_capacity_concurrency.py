@@ -55,7 +55,7 @@ SAMPLE_EVERY = 10
 def verify_run(fleet: Fleet, tally: Tally, sampler: Sampler, *, operations: int) -> LogSummary:
     """Every check of the brief, in an order where none disturbs the next; returns the log's summary."""
     from core.models import AuditEvent
-    from reservations.repair import bookings_repair
+    from reservations.lifecycle.repair import bookings_repair
 
     assert tally.total == operations, tally.counts
     assert not tally.failures, tally.failures[:10]
@@ -228,7 +228,7 @@ def test_concurrent_operations_through_two_server_processes_keep_every_invariant
 
 
 def _one_gpu_reservation(fleet: Fleet, key: str, booker: int = 0) -> Any:
-    from reservations.request import parse_reservation_request
+    from reservations.request.parse import parse_reservation_request
     from reservations.services import reservation_create
 
     pool_id, tenant_id = fleet.bookers[booker]
@@ -249,7 +249,7 @@ def test_the_commit_log_catches_a_placer_that_skips_the_node_lock(
 ) -> None:
     """Guard 4 broken on purpose: the placer no longer re-checks the node under its lock."""
     from inventory.models import Node
-    from inventory.operations import node_cordon
+    from inventory.services.nodes import node_cordon
     from reservations.placer import commit, filters
 
     for node in Node.objects.filter(pk__in=fleet.node_ids):
@@ -361,7 +361,7 @@ def test_a_create_delivered_before_the_release_news_reaches_the_node_is_accepted
 ) -> None:
     """The race the HTTP run found: release commits, a create books the atom and delivers first."""
     from inventory.models import Node
-    from inventory.operations import node_cordon
+    from inventory.services.nodes import node_cordon
     from reservations import services
     from reservations.models import Reservation
     from reservations.services import reservation_release
@@ -390,10 +390,10 @@ def check_daemon_refusals() -> list[str]:
 def test_the_repair_check_catches_a_booking_left_on_a_cordoned_node_and_a_stale_mark(fleet: Fleet) -> None:
     """The new invariant broken on purpose: BookingRepair skipped, then a mark forged on a healthy one."""
     from inventory.models import Node
+    from operations.services import node_cordon
+    from reservations.lifecycle.repair import bookings_repair
     from reservations.models import Allocation, Reservation
-    from reservations.node_events import node_cordon
-    from reservations.repair import bookings_repair
-    from reservations.request import parse_reservation_request
+    from reservations.request.parse import parse_reservation_request
     from reservations.services import reservation_create
 
     pool_id, tenant_id = fleet.bookers[0]

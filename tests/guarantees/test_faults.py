@@ -30,9 +30,9 @@ import pytest
 from django.db import connection, connections
 
 from core.clock import set_clock_offset
-from reservations.daemon import daemon_behind
+from reservations.delivery.daemon import daemon_behind
+from reservations.delivery.outbox import outbox_deliver_due
 from reservations.models import Delivery, Reservation
-from reservations.outbox import outbox_deliver_due
 from tests.support.clock import now_ms
 from tests.support.commands import run_python
 from tests.support.threads import Dealer, threads_run

@@ -18,16 +18,16 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-from capacity.rollups import rollup_rebuild
 from core.clock import compute_now
 from core.errors import Conflict, NoCapacity, QuotaExceeded
 from inventory.models import Device, Node, NodeResource, Pool
 from ledger.models import PoolCapacityRollup, QuotaUsage
-from reservations.daemon import daemon_holdings
-from reservations.layouts import node_report_apply
+from reservations.delivery.daemon import daemon_holdings
 from reservations.models import DeviceBooking, Reservation
+from reservations.nodes.reports import node_report_apply
 from reservations.placer import commit
-from reservations.request_types import ReservationRequest
+from reservations.request.types import ReservationRequest
+from reservations.rollups.recount import rollup_rebuild
 from reservations.services import ReservationCreated, reservation_create, reservation_release
 from tests.support.factories import (
     AllocationFactory,
@@ -668,7 +668,7 @@ def test_guard6_the_daemon_accepts_what_the_database_accepted() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_guard6_the_fake_daemon_refuses_claims_beyond_its_capacity_and_the_reservation_is_released() -> None:
-    from reservations.daemon import daemon_claims
+    from reservations.delivery.daemon import daemon_claims
 
     pool = PoolFactory()
     node = one_node(pool, 2)
@@ -722,8 +722,8 @@ def test_two_identical_creates_racing_make_one_reservation() -> None:
 def test_a_concurrent_mix_of_creates_and_releases_keeps_every_invariant() -> None:
     import random
 
-    from capacity.rollups import rollup_rebuild
     from ledger.models import PoolCapacityRollup
+    from reservations.rollups.recount import rollup_rebuild
     from reservations.services import reservation_release
 
     pool = PoolFactory()
@@ -777,9 +777,9 @@ def test_guard6_a_delivery_lost_after_commit_is_delivered_from_the_outbox(
 ) -> None:
     from core.clock import set_clock_offset
     from reservations import services
-    from reservations.daemon import daemon_behind
+    from reservations.delivery.daemon import daemon_behind
+    from reservations.delivery.outbox import outbox_deliver_due
     from reservations.models import Delivery
-    from reservations.outbox import outbox_deliver_due
 
     def unreachable(**_: Any) -> None:
         raise ConnectionError("the node did not answer")
@@ -805,7 +805,7 @@ def test_guard6_a_delivery_lost_after_commit_is_delivered_from_the_outbox(
 
 @pytest.mark.django_db(transaction=True)
 def test_guard6_a_node_that_lost_its_record_is_resynced_on_demand() -> None:
-    from reservations.daemon import daemon_behind, daemon_claims
+    from reservations.delivery.daemon import daemon_behind, daemon_claims
     from reservations.services import reservations_redeliver
 
     pool = PoolFactory()

@@ -21,13 +21,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from capacity.cli_selectors import SelectorSyntaxError, parse_cli_selector, selector_to_cli
+from capacity.cli_device_match import SelectorSyntaxError, parse_cli_selector, selector_to_cli
 from config.wsgi import application
 from core.durations import DurationError, format_duration, parse_duration
 from core.errors import MAX_ERROR_DETAILS, InvalidInput
 from core.services import token_issue
 from inventory.reports import report_parse
-from reservations.selectors_parse import normalize_selector, selector_to_api
+from reservations.request.device_match import normalize_selector, selector_to_api
 from tests.support.api import bearer_client, post, post_raw
 from tests.support.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
 

@@ -52,7 +52,7 @@ from core import authentication
 from core.models import ApiToken
 from core.services import token_issue, token_revoke
 from inventory.models import Device, Node, Pool
-from reservations.request import parse_reservation_request
+from reservations.request.parse import parse_reservation_request
 from reservations.services import reservation_create
 from tests.support.api import bearer_client, post
 from tests.support.commands import run_command, run_python
@@ -418,8 +418,8 @@ def test_a_narrowed_agent_lists_only_its_nodes_and_wipes_none_of_the_others(worl
 @pytest.mark.django_db
 def test_another_tenants_at_risk_reservation_shows_only_as_the_pools_count(world: World) -> None:
     """`atRisk` is on the tenant's own reservations; `capacity/byPool` counts the pool's, never naming one."""
-    from reservations.node_events import device_set_health
-    from reservations.repair import bookings_repair
+    from operations.services import device_set_health
+    from reservations.lifecycle.repair import bookings_repair
 
     pool = world.pools["offered"]
     rivals = _book(pool, "rival", "iso-rival-at-risk")

@@ -205,7 +205,7 @@ SHAPES: dict[str, Shape] = {
     "hidden-pool-and-unknown-project": Shape(
         NOT_FOUND, _gpu(1), pool="hidden", fields=lambda f: {"projectId": UNKNOWN_PROJECT}
     ),
-    # Classes the pool's sharing mode never serves (reservations/request.py, check_request_against_pool).
+    # Classes the pool's sharing mode never serves (check_request_against_pool).
     "gpu-in-mig-only-pool": Shape(INVALID, _gpu(1), pool="mig"),
     "gpu.slot-mps-in-timeslice-pool": Shape(
         INVALID, [{"class": "gpu.slot", "count": 1, "sharing": "mps"}], pool="timeslice"

@@ -121,7 +121,7 @@ def test_summary_and_by_pool_cost_a_fixed_number_of_statements_whatever_the_numb
     gpu_node: Node,
     django_assert_max_num_queries: Any,
 ) -> None:
-    from capacity.rollups import rollup_rebuild_all
+    from reservations.rollups.recount import rollup_rebuild_all
 
     for index in range(6):
         pool = PoolFactory.create(owner=offered_tenant, name=f"offered-{index}", gpu_model="A100")

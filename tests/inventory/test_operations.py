@@ -1,7 +1,7 @@
 """Node operations: through the services and the commands; guard 4 and the rollup buckets.
 
 The services here are the inventory halves; the commands (like the API and the
-admin) go through `reservations.node_events`, which moves the rollups with them.
+admin) go through `reservations.nodes.changes`, which moves the rollups with them.
 
 (Through the API: `tests/capacity/test_api_nodes.py`.)
 """
@@ -15,14 +15,14 @@ import pytest
 from django.core.management import CommandError
 from django.db import OperationalError, connection, connections, transaction
 
-from capacity.rollups import rollup_rebuild
 from core.clock import compute_now
 from core.errors import InvalidInput
 from core.models import AuditEvent
-from inventory import operations
 from inventory.models import Device, Node, Taint
 from inventory.selectors import node_detail
+from inventory.services import nodes as operations
 from ledger.models import PoolCapacityRollup
+from reservations.rollups.recount import rollup_rebuild
 from tests.support.commands import run_command
 from tests.support.factories import DeviceFactory, NodeFactory
 from tests.support.records import audit_trail

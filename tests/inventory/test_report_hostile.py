@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from core.errors import MAX_ERROR_DETAILS, InvalidInput
 from inventory.models import Device, Node
 from inventory.reports import MAX_VFS_PER_NIC, MAX_VFS_PER_NODE, report_parse
-from reservations.layouts import node_report_apply
+from reservations.nodes.reports import node_report_apply
 from tests.support.api import invalid_fields, post_raw, status_and_body
 from tests.support.factories import NodeFactory
 from tests.support.reports import gpu, report

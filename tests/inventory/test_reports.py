@@ -12,10 +12,10 @@ import pytest
 
 from core.errors import InvalidInput
 from inventory.models import Device, NodeResource
-from inventory.registration import node_register
 from inventory.reports import gpu_model_from_product, report_parse
-from reservations.layouts import node_report_apply
+from inventory.services.registration import node_register
 from reservations.models import DeviceBooking
+from reservations.nodes.reports import node_report_apply
 from tests.support.factories import NodeFactory, PoolFactory
 from tests.support.records import book
 from tests.support.reports import gpu, mig, report

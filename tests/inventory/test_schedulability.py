@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from capacity.rollups import rollup_rebuild
 from inventory.models import Node
 from inventory.schedulability import (
     BUCKETS,
@@ -24,6 +23,7 @@ from inventory.schedulability import (
     schedulable_sql,
 )
 from ledger.models import PoolCapacityRollup
+from reservations.rollups.recount import rollup_rebuild
 from tests.support.factories import (
     DeviceFactory,
     NodeFactory,

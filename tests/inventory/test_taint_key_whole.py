@@ -6,8 +6,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from core.errors import InvalidInput
-from inventory import operations
 from inventory.models import Node, Taint
+from inventory.services import nodes as operations
 from tests.support.api import invalid_fields, post_json
 
 pytestmark = pytest.mark.django_db

@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-from capacity.rollups import rollup_rebuild
 from core.clock import compute_now
-from ledger.rollups import rollup_apply_delta, rollup_apply_deltas
 from reservations.models import DeviceBooking
+from reservations.rollups.deltas import rollup_apply_delta, rollup_apply_deltas
+from reservations.rollups.recount import rollup_rebuild
 from tests.support.clock import HOUR
 from tests.support.factories import NodeFactory, NodeResourceFactory, PoolFactory, gpus
 from tests.support.records import book, row, snapshot, snapshot_after_rebuild

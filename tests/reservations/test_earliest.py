@@ -27,7 +27,7 @@ from reservations.models import DeviceBooking, Reservation
 from reservations.placer.earliest import placement_earliest
 from reservations.placer.filters import Window
 from reservations.placer.plan import placement_plan
-from reservations.request_types import ReservationRequest
+from reservations.request.types import ReservationRequest
 from reservations.services import reservation_create
 from tests.support.api import invalid_fields, post, post_json
 from tests.support.placement import gpu_request, make_node

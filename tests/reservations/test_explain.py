@@ -14,8 +14,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from inventory.models import Device, Node, Pool
+from operations.services import node_cordon, node_taint
 from reservations.models import Reservation
-from reservations.node_events import node_cordon, node_taint
 from tests.support.api import post
 from tests.support.factories import AllocationFactory, NodeResourceFactory, ReservationFactory, TenantFactory
 from tests.support.placement import make_node

@@ -20,7 +20,7 @@ from core.durations import MAX_SECONDS
 from core.errors import InvalidInput
 from inventory.models import Node, Pool
 from reservations.placer.plan import placement_window
-from reservations.request import parse_reservation_request
+from reservations.request.parse import parse_reservation_request
 from reservations.services import reservation_create
 from tests.support.api import invalid_fields, post_json, reservation_body
 from tests.support.factories import PoolFactory

@@ -14,8 +14,8 @@ from django.db import connections
 from core.clock import compute_now
 from core.errors import Conflict
 from inventory.models import Device
-from reservations.layouts import node_report_apply
 from reservations.models import DeviceBooking
+from reservations.nodes.reports import node_report_apply
 from tests.support.factories import NodeFactory, PoolFactory
 from tests.support.records import book
 from tests.support.reports import gpu, mig, report

@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 from core.clock import compute_now, set_clock_offset
 from core.models import AuditEvent
 from inventory.models import Node, Pool
-from reservations.liveness import liveness_next_deadline, nodes_mark_stale
+from reservations.nodes.liveness import liveness_next_deadline, nodes_mark_stale
 from tests.support.api import post_json, reservation_body
 from tests.support.commands import run_command
 from tests.support.factories import NodeFactory

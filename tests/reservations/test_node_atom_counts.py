@@ -18,9 +18,9 @@ from rest_framework.test import APIClient
 
 from core.clock import set_clock_offset
 from inventory.models import Device, Node, Pool
+from operations.services import device_set_health
+from reservations.lifecycle.phases import bookings_advance
 from reservations.models import NodeAtomCount
-from reservations.node_events import device_set_health
-from reservations.phases import bookings_advance
 from reservations.placer import plan as plan_module
 from reservations.placer.plan import CANDIDATE_NODES, placement_plan, placement_window
 from tests.support.api import post, reservation_body

@@ -18,14 +18,14 @@ import pytest
 from django.db import connection, transaction
 from rest_framework.test import APIClient
 
-from capacity.rollups import rollup_rebuild, rollup_recount
 from core.clock import set_clock_offset
 from core.constants import WORKER_CHANNEL
 from core.models import AuditEvent
 from inventory.models import Node, Pool
-from reservations import node_events
 from reservations.models import Reservation
-from reservations.node_events import nodes_changing
+from reservations.nodes import changes as node_events
+from reservations.nodes.changes import nodes_changing
+from reservations.rollups.recount import rollup_rebuild, rollup_recount
 from reservations.waits import LISTENER, RELEASE_CHANNEL
 from tests.support.api import post, reservation_body
 from tests.support.clock import HOUR_MS, now_ms
@@ -425,7 +425,7 @@ def test_rollups_stay_equal_to_a_rebuild_while_the_clock_runs_past_node_changes(
     owner_client: APIClient, operator_client: APIClient, owned_pool: Pool, booked: Node
 ) -> None:
     """A cordon, then the bookings on the cordoned node start and end: phases move, the rows stay exact."""
-    from reservations.phases import bookings_advance
+    from reservations.lifecycle.phases import bookings_advance
 
     api("nodes/cordon", reason="PSU swap")(operator_client, booked)
     set_clock_offset(timedelta(minutes=90))
@@ -441,10 +441,10 @@ def test_rollups_stay_equal_to_a_rebuild_while_the_clock_runs_past_node_changes(
 
 
 def test_every_change_of_node_events_keeps_the_inventory_signature() -> None:
-    """The wrappers take what `inventory.operations` takes, so callers need not know which they call."""
+    """The wrappers take what `inventory.services.nodes` takes, so callers need not know which they call."""
     import inspect
 
-    from inventory import operations
+    from inventory.services import nodes as operations
 
     for name in ("node_cordon", "node_uncordon", "node_set_maintenance", "node_taint", "node_untaint"):
         wrapper, inner = getattr(node_events, name), getattr(operations, name)
@@ -511,7 +511,7 @@ def two_nodes_booked_later(owner_client: APIClient, owned_pool: Pool) -> Iterato
 def test_an_advance_waits_for_a_cordon_of_the_node_and_counts_what_the_cordon_left(
     owned_pool: Pool, two_nodes_booked_later: tuple[Node, str]
 ) -> None:
-    from reservations.phases import bookings_advance
+    from reservations.lifecycle.phases import bookings_advance
 
     node, _ = two_nodes_booked_later
     cordoned, commit = threading.Event(), threading.Event()

@@ -22,10 +22,11 @@ from rest_framework.test import APIClient
 from core.clock import compute_now, set_clock_offset
 from core.constants import WORKER_CHANNEL
 from inventory.models import Node, Pool
-from reservations import outbox, services
-from reservations.daemon import daemon_claims, daemon_holdings
+from reservations import services
+from reservations.delivery import outbox
+from reservations.delivery.daemon import daemon_claims, daemon_holdings
+from reservations.delivery.outbox import MAX_RETRY_SECONDS, outbox_deliver_due, outbox_next_attempt
 from reservations.models import Delivery, Reservation
-from reservations.outbox import MAX_RETRY_SECONDS, outbox_deliver_due, outbox_next_attempt
 from reservations.services import reservation_create, reservation_release
 from tests.support.api import post, reservation_body
 from tests.support.commands import run_python
@@ -230,7 +231,8 @@ import os, signal, sys
 import django
 django.setup()
 from inventory.models import Pool
-from reservations import outbox, services
+from reservations import services
+from reservations.delivery import outbox
 from tests.support.placement import gpu_request
 
 def die(**_):

@@ -17,11 +17,11 @@ import pytest
 from django.db import transaction
 from rest_framework.test import APIClient
 
-from capacity.rollups import rollup_rebuild, rollup_recount
 from core.clock import set_clock_offset
 from inventory.models import Node, Pool
+from reservations.lifecycle.phases import bookings_advance, bookings_next_boundary
 from reservations.models import BookingPhase, DeviceBooking, Reservation
-from reservations.phases import bookings_advance, bookings_next_boundary
+from reservations.rollups.recount import rollup_rebuild, rollup_recount
 from reservations.services import reservation_release, reservation_settle_ended
 from tests.support.api import post, reservation_body
 from tests.support.clock import HOUR, HOUR_MS, now_ms

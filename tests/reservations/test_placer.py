@@ -13,7 +13,7 @@ from core.errors import InvalidInput, NoCapacity
 from inventory.models import Device, Pool
 from reservations.models import DeviceBooking, Reservation
 from reservations.placer.plan import placement_plan, placement_window
-from reservations.request_types import ReservationRequest
+from reservations.request.types import ReservationRequest
 from reservations.selectors import reservation_get, reservation_payload, reservation_state
 from reservations.services import reservation_create
 from tests.support.clock import HOUR_MS, now_ms
@@ -318,7 +318,7 @@ def test_planning_costs_a_fixed_number_of_queries_however_many_nodes(
 def test_selector_sql_agrees_with_the_python_matcher(pool: Pool) -> None:
     from reservations.placer.filters import selector_sql
     from reservations.placer.sql import Params
-    from reservations.selectors_parse import normalize_selector, selector_matches
+    from reservations.request.device_match import normalize_selector, selector_matches
 
     shapes: list[tuple[dict[str, Any], dict[str, str]]] = [
         ({"gpuModel": "H100", "vramGiB": 80, "numaNode": 0}, {"rack": "r1"}),

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from capacity.rollups import rollup_rebuild
 from core.clock import compute_now
 from core.models import AuditEvent, Tenant
 from inventory.models import Device, Node, Pool
 from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup, QuotaUsage
-from reservations.daemon import daemon_holdings
+from reservations.delivery.daemon import daemon_holdings
+from reservations.lifecycle.repair import bookings_repair, repair_candidates
 from reservations.models import Allocation, DeviceBooking, Reservation
-from reservations.repair import bookings_repair, repair_candidates
+from reservations.rollups.recount import rollup_rebuild
 from tests.support.api import post_json
 from tests.support.commands import run_command
 from tests.support.factories import QuotaUsageFactory
@@ -328,7 +328,7 @@ def test_the_admin_node_and_pool_pages_list_the_at_risk_reservations(
     from django.contrib.admin.utils import quote
     from django.urls import reverse
 
-    from reservations.node_events import device_set_health
+    from operations.services import device_set_health
 
     node = make_node(owned_pool, hostname="admin-risk")
     running = create(

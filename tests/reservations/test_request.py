@@ -12,7 +12,7 @@ import pytest
 from core.clock import compute_now, set_clock_offset, to_millis
 from core.errors import InvalidInput
 from inventory.models import Pool
-from reservations.request import (
+from reservations.request.parse import (
     canonical_request_digest,
     check_request_against_pool,
     parse_reservation_request,

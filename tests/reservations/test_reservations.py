@@ -20,7 +20,7 @@ from core.errors import IdempotencyConflict, NoCapacity, TooManyRequests
 from inventory.models import Node, NodeResource, Pool
 from reservations import services
 from reservations.models import Allocation, DeviceBooking, Reservation
-from reservations.request import parse_reservation_request
+from reservations.request.parse import parse_reservation_request
 from reservations.selectors import reservation_list, reservation_state
 from reservations.services import (
     lease_expire_due,
@@ -273,7 +273,7 @@ def test_an_unrenewed_lease_is_released_by_the_reconciler_hook(owned_pool: Pool)
     assert kept.state == "active"
     renewed = reservation_renew(reservation=kept, actor="t")
     assert renewed.lease_expires_at is not None and renewed.lease_expires_at > compute_now()
-    from capacity import reconciler
+    from worker import reconciler
 
     # Every reconciler pass runs the reservations' time-driven work.
     assert reconciler.reservations_reconcile is services.reservations_reconcile

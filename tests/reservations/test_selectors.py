@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capacity.cli_selectors import SelectorSyntaxError, parse_cli_selector, selector_to_cli
+from capacity.cli_device_match import SelectorSyntaxError, parse_cli_selector, selector_to_cli
 from core.errors import InvalidInput
 from inventory.attributes import ATTRIBUTE_TYPES
-from reservations.request_types import Selector
-from reservations.selectors_parse import MAX_INT, normalize_selector, selector_matches, selector_to_api
+from reservations.request.device_match import MAX_INT, normalize_selector, selector_matches, selector_to_api
+from reservations.request.types import Selector
 from tests.support.properties import no_deadline, on_arbitrary_and_near_miss_text, parsed_or_none
 
 FIELD = "devices[0].selector"

@@ -21,7 +21,7 @@ from reservations.models import DeviceBooking
 from reservations.placer import commit
 from reservations.placer import plan as plan_module
 from reservations.placer.plan import Plan, placement_plan, placement_window
-from reservations.request_types import ReservationRequest
+from reservations.request.types import ReservationRequest
 from reservations.services import reservation_create
 from tests.conftest import ClientFor
 from tests.support.api import post, reservation_body

@@ -22,7 +22,7 @@ from core.errors import NoCapacity
 from inventory.models import NodeResource, Pool
 from ledger.models import QuotaUsage
 from reservations import services
-from reservations.daemon import daemon_holdings
+from reservations.delivery.daemon import daemon_holdings
 from reservations.models import Reservation
 from reservations.services import (
     ReservationCreated,

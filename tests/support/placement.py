@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 from inventory.models import Node, Pool
-from reservations.request_types import DeviceRequest, ReservationRequest
+from reservations.request.types import DeviceRequest, ReservationRequest
 from tests.support.factories import DeviceFactory, NodeFactory, NodeResourceFactory
 
 _keys = itertools.count()

@@ -6,12 +6,12 @@ from datetime import datetime, timedelta
 
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
-from capacity.rollups import rollup_rebuild
 from core.clock import compute_now
 from core.models import AuditEvent
 from inventory.models import Device, Node, Pool
 from ledger.models import PoolCapacityRollup
 from reservations.models import Allocation, DeviceBooking
+from reservations.rollups.recount import rollup_rebuild
 from tests.support.factories import AllocationFactory
 
 COUNTED = ("total", "allocatable", "allocated", "reserved", "available")

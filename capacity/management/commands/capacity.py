@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from capacity.preview_cli import preview_command
-from capacity.selectors import capacity_summary, pool_capacity
+from capacity.selectors.pools import capacity_summary, pool_capacity
 from core.models import Tenant
 from inventory.access import visible_pools
 from inventory.schedulability import BUCKETS

@@ -14,10 +14,10 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from capacity.rollups import rollup_rebuild_all, rollup_recount
-from ledger.rollups import ROLLUP_STORED_COUNTS
-from reservations.counts import NODE_ATOM_COUNTS_SQL
-from reservations.phases import bookings_advance
+from reservations.lifecycle.phases import bookings_advance
+from reservations.rollups.counts import NODE_ATOM_COUNTS_SQL
+from reservations.rollups.deltas import ROLLUP_STORED_COUNTS
+from reservations.rollups.recount import rollup_rebuild_all, rollup_recount
 from tests.support.torture.commitlog import commitlog_check
 from tests.support.torture.fleet import Fleet, fleet_restore
 
@@ -199,7 +199,7 @@ def check_rollups_match_rebuild() -> list[str]:
 def check_rollups_match_count() -> list[str]:
     """Every rollup row equals a recount of the bookings by phase (read-only; at every committed instant).
 
-    The recount is the rebuild's (`reservations.counts`) without its writes and
+    The recount is the rebuild's (`reservations.rollups.counts`) without its writes and
     without moving any phase: each transaction that changes a booking, a claim,
     a node or a device applies its delta before it commits, so any one snapshot
     must agree, even with the worker behind the clock.
@@ -217,7 +217,7 @@ def check_node_atom_counts() -> list[str]:
 
     The triggers that keep `node_atom_counts` run in the statement that changes
     a booking or a device, so any one snapshot must agree with the recount
-    (`reservations.counts.NODE_ATOM_COUNTS_SQL`); rows kept at zero have no
+    (`reservations.rollups.counts.NODE_ATOM_COUNTS_SQL`); rows kept at zero have no
     recounted row and are left out.
     """
     kept = {

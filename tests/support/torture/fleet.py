@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from capacity.rollups import rollup_rebuild_all
 from core.models import Tenant
 from inventory.models import Device, Node, NodeResource, Pool
 from ledger.models import QuotaMode
+from reservations.rollups.recount import rollup_rebuild_all
 from tests.support.factories import OfferingFactory, PoolFactory, QuotaUsageFactory, TenantFactory
 from tests.support.torture.commitlog import commitlog_install, commitlog_uninstall
 
@@ -90,10 +90,10 @@ def fleet_build(*, nodes_per_pool: tuple[int, ...] = (8, 4), gpus_per_node: int 
 
 
 def fleet_restore(fleet: Fleet) -> None:
-    """Lift every cordon, taint, maintenance and quarantine (through `reservations.node_events`, which
+    """Lift every cordon, taint, maintenance and quarantine (through `reservations.nodes.changes`, which
     moves the rollups with each change), so every node is schedulable and every atom counted again."""
     from inventory.models import Taint
-    from reservations.node_events import device_set_health, node_set_maintenance, node_uncordon, node_untaint
+    from operations.services import device_set_health, node_set_maintenance, node_uncordon, node_untaint
 
     for node in Node.objects.filter(pk__in=fleet.node_ids):
         node_uncordon(node=node, actor="torture-restore")

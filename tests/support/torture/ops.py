@@ -171,7 +171,7 @@ def booked_pick(op: Op, fleet_ids: list[str]) -> str | None:
 
 def repair_run() -> str:
     """BookingRepair, as the worker runs it after a node change or a release."""
-    from reservations.repair import bookings_repair
+    from reservations.lifecycle.repair import bookings_repair
 
     bookings_repair()
     return "repaired"
@@ -180,15 +180,15 @@ def repair_run() -> str:
 def op_run_service(op: Op, ledger: Ledger, fleet: Fleet | None = None) -> str:
     """Run one operation through the service layer, on the calling thread's connection.
 
-    Node and device changes go through `reservations.node_events`, as every
+    Node and device changes go through `reservations.nodes.changes`, as every
     caller's do. The "-booked" kinds need the `fleet` (whose nodes and GPUs they
     pick among); without it they find nothing booked.
     """
     from core.errors import NoCapacity, QuotaExceeded
     from inventory.models import Device, Node
-    from reservations import node_events as operations
+    from operations import services as operations
     from reservations.models import Reservation
-    from reservations.request import parse_reservation_request
+    from reservations.request.parse import parse_reservation_request
     from reservations.services import reservation_create, reservation_release
 
     actor = "torture"

@@ -97,7 +97,7 @@ def main() -> None:
     problems.extend(invariant_problems())
     # BookingRepair as the worker runs it after the restart: every live booking on an atom
     # that left the schedulable set is moved or marked at risk.
-    from reservations.repair import bookings_repair
+    from reservations.lifecycle.repair import bookings_repair
     from tests.support.torture.repair_checks import check_repaired
 
     bookings_repair()

@@ -1,0 +1,195 @@
+"""Capacity reads: rollup rows in the contract's shape, the tenant summary, and at-risk reservations.
+
+The rollup reads only read `pool_capacity_rollup` (never devices or bookings),
+in a fixed number of queries whatever the number of pools. The at-risk reads
+count and list the live reservations BookingRepair marked (`reservations.lifecycle.repair`),
+through the partial index `reservation_at_risk`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, DateTimeField, Func, IntegerField, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Coalesce
+
+from inventory.access import visible_pools
+from inventory.choices import CLASS_SHARING, GPU_ATOM_CLASSES
+from inventory.schedulability import schedulable_sql
+from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup
+from reservations.models import Reservation
+
+OTHER_GPU_MODEL = "other"
+# What `byGpuModel` adds up, from each pool's `gpu` row only.
+SUMMED_FIELDS = ("total", "allocatable", "allocated", "reserved", "available")
+
+
+# The columns a row is made of, read as plain values: building model instances
+# (and parsing `updated_at` into a datetime, only to turn it back into
+# milliseconds) costs more than the query on the summary's hundred rows.
+_ROW_FIELDS = ("pool_id", "resource", *ROLLUP_COUNTS)
+_ROW_KEYS = ("poolId", "resource", *ROLLUP_COUNTS, "updatedAt")
+# Milliseconds since the epoch, computed by the database (as `to_millis` would).
+_UPDATED_MS = RawSQL("floor(extract(epoch FROM pool_capacity_rollup.updated_at) * 1000)::bigint", ())
+
+
+def _rows(queryset: QuerySet[PoolCapacityRollup]) -> list[dict[str, Any]]:
+    values = queryset.annotate(updated_ms=_UPDATED_MS).values_list(*_ROW_FIELDS, "updated_ms")
+    return [dict(zip(_ROW_KEYS, row, strict=True)) for row in values]
+
+
+def rollup_rows(*, pool_id: str) -> list[dict[str, Any]]:
+    """One pool's rollup rows, ordered by resource name (one query; visibility is the caller's)."""
+    return _rows(PoolCapacityRollup.objects.filter(pool_id=pool_id).order_by("resource"))
+
+
+def capacity_summary(*, tenant_id: str) -> dict[str, Any]:
+    """Every pool the tenant can see with its rows, plus whole-GPU totals per GPU model (two queries)."""
+    pools = list(visible_pools(tenant_id=tenant_id).order_by("name", "id"))
+    rows_by_pool: dict[str, list[dict[str, Any]]] = {pool.id: [] for pool in pools}
+    rollups = PoolCapacityRollup.objects.filter(pool_id__in=list(rows_by_pool)).order_by(
+        "pool_id", "resource"
+    )
+    for row in _rows(rollups):
+        rows_by_pool[row["poolId"]].append(row)
+
+    by_model: dict[str, dict[str, int]] = {}
+    out_pools = []
+    for pool in pools:
+        rows = rows_by_pool[pool.id]
+        model = pool.gpu_model or OTHER_GPU_MODEL
+        sums = by_model.setdefault(model, dict.fromkeys(SUMMED_FIELDS, 0))
+        for row in rows:
+            if row["resource"] == "gpu":
+                for name in SUMMED_FIELDS:
+                    sums[name] += row[name]
+        out_pools.append(
+            {
+                "poolId": pool.id,
+                "name": pool.name,
+                "ownerTenantId": pool.owner_id,
+                "offered": pool.owner_id != tenant_id,
+                "archived": pool.archived_at is not None,
+                "gpuModel": pool.gpu_model or None,
+                "sharing": pool.sharing,
+                "capacity": rows,
+            }
+        )
+    return {"tenantId": tenant_id, "pools": out_pools, "byGpuModel": dict(sorted(by_model.items()))}
+
+
+def _at_risk(queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
+    """Live reservations marked at risk (a mark left on an ended one until the next repair run is not)."""
+    now = Func(function="compute_now", output_field=DateTimeField())
+    return queryset.filter(at_risk_since__isnull=False, state__in=("scheduled", "active"), ends_at__gt=now)
+
+
+def pool_at_risk_count(*, pool_id: str) -> int:
+    """How many live reservations of the pool are at risk, every tenant's (a count, never ids)."""
+    return _at_risk(Reservation.objects.filter(pool_id=pool_id)).count()
+
+
+def pool_capacity(*, pool_id: str) -> dict[str, Any]:
+    """`capacity/byPool`'s answer: the pool's rollup rows and its at-risk count, in one query.
+
+    The count rides on the rows' query as an uncorrelated subquery (computed
+    once); only a pool without rollup rows yet costs a second query.
+    """
+    count = (
+        _at_risk(Reservation.objects.filter(pool_id=pool_id))
+        .order_by()
+        .values("pool_id")
+        .annotate(c=Count("id"))
+        .values("c")
+    )
+    queryset = (
+        PoolCapacityRollup.objects.filter(pool_id=pool_id)
+        .order_by("resource")
+        .annotate(updated_ms=_UPDATED_MS, at_risk=Coalesce(Subquery(count, output_field=IntegerField()), 0))
+    )
+    rows: list[dict[str, Any]] = []
+    counted: int | None = None
+    for *values, at_risk in queryset.values_list(*_ROW_FIELDS, "updated_ms", "at_risk"):
+        rows.append(dict(zip(_ROW_KEYS, values, strict=True)))
+        counted = at_risk
+    if counted is None:
+        counted = pool_at_risk_count(pool_id=pool_id)
+    return {"poolId": pool_id, "rows": rows, "atRiskReservations": int(counted)}
+
+
+# The label fragmentation is grouped by: the gang topology key's default.
+FRAGMENTATION_KEY = "fabric"
+# A "whole node" for a gang of whole nodes: a host of eight GPUs, all free.
+WHOLE_NODE_GPUS = 8
+
+# Per value of the label, over the schedulable nodes with healthy atoms of the
+# pool's GPU class, from the counts the placer keeps (`node_atom_counts`): one
+# pass over the pool's count rows, no booking read. "Now" is as far as the
+# worker has moved the bookings' phases (seconds behind the clock at most).
+_FRAGMENTATION_SQL = f"""
+SELECT COALESCE(n.labels ->> %(key)s, '') AS value,
+       count(*) AS nodes,
+       count(*) FILTER (WHERE c.running = 0) AS nodes_free,
+       count(*) FILTER (WHERE c.running = 0 AND (c.device_class <> 'gpu' OR c.atoms >= %(whole)s))
+           AS whole_free,
+       COALESCE(sum(GREATEST(c.free, 0)) FILTER (WHERE c.running > 0), 0) AS stranded
+  FROM node_atom_counts c
+  JOIN inventory_node n ON n.id = c.node_id
+  JOIN inventory_pool p ON p.id = n.pool_id
+ WHERE c.pool_id = %(pool)s AND c.device_class = %(class)s AND c.atoms > 0
+   AND {schedulable_sql("n", "p.owner_id")}
+ GROUP BY 1
+ ORDER BY 1
+"""
+
+
+def pool_gpu_class(sharing: str) -> str:
+    """The GPU atom class a pool of this sharing mode hands out (`gpu`, `gpu.mig` or `gpu.slot`)."""
+    return next(name for name in GPU_ATOM_CLASSES if sharing in CLASS_SHARING[name])
+
+
+def pool_fragmentation(*, pool_id: str, sharing: str) -> dict[str, Any]:
+    """How fragmented the pool is now, per fabric: free nodes, the whole-node gang that fits, stranded atoms.
+
+    Per value of the node label `fabric` (`""` for nodes without it), over the
+    schedulable nodes with healthy atoms of the pool's GPU class: `nodes`;
+    `nodesFree`, those with none of them booked now; `wholeNodeGang`, those of
+    them with at least eight whole GPUs, the largest gang of whole 8-GPU nodes
+    that would fit now on that fabric (in a MIG or time-slice pool, where the
+    atoms are parts of GPUs, every free node: a whole-node lease takes it all);
+    `strandedAtoms`, the free atoms on partly booked nodes, which no
+    whole-node request can use.
+    """
+    device_class = pool_gpu_class(sharing)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FRAGMENTATION_SQL,
+            {"key": FRAGMENTATION_KEY, "whole": WHOLE_NODE_GPUS, "pool": pool_id, "class": device_class},
+        )
+        groups = [
+            {
+                "value": value,
+                "nodes": int(nodes),
+                "nodesFree": int(nodes_free),
+                "wholeNodeGang": int(whole_free),
+                "strandedAtoms": int(stranded),
+            }
+            for value, nodes, nodes_free, whole_free, stranded in cursor.fetchall()
+        ]
+    return {"topologyKey": FRAGMENTATION_KEY, "deviceClass": device_class, "groups": groups}
+
+
+def at_risk_reservations(
+    *, pool_id: str | None = None, node_id: str | None = None, limit: int = 100
+) -> list[Reservation]:
+    """The pool's (or the node's) live at-risk reservations, longest at risk first, for the operators."""
+    queryset = Reservation.objects.all()
+    if pool_id is not None:
+        queryset = queryset.filter(pool_id=pool_id)
+    if node_id is not None:
+        queryset = queryset.filter(
+            pk__in=Reservation.objects.filter(allocations__node_id=node_id).values("pk")
+        )
+    return list(_at_risk(queryset).order_by("at_risk_since", "id")[:limit])

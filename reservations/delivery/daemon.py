@@ -1,0 +1,419 @@
+"""A fake node daemon: guard 6, defence in depth on the node side.
+
+The real daemon keeps its own record of what it was told to run and refuses
+an assignment that overlaps one it already holds, whatever the control plane
+believes. This stand-in keeps that record in its own tables:
+
+* `fake_daemon_assignments`: the atoms (node, device uid, reservation,
+  `[starts_at, ends_at)`), checked for overlaps in Python against what it
+  holds, never trusting the control plane's constraint;
+* `fake_daemon_claims`: one row per allocation with its scalar claims
+  (`vcpu`, `memoryGiB`, `hugepages1Gi`) and the node profile it was asked to
+  run, for the allocation's window. An assignment whose claims, added to what
+  the node already holds for overlapping windows, exceed what the node has
+  (`floor(allocatable * ratio)`, what it reported) is refused like an
+  overlapping atom.
+
+A refused assignment answers `AllocationFailed` and leaves no trace on the
+node; the control plane releases the reservation. The node side never calls
+the control plane: it answers, and the caller acts.
+
+Assignments are delivered after the booking transaction commits, through the
+outbox (`reservations.delivery.outbox`), never while the placer's locks are held. Every
+delivery is idempotent: an assignment the node already holds adds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from django.db import connection, transaction
+
+logger = logging.getLogger(__name__)
+
+
+class AllocationFailed(Exception):
+    """The node refused an assignment: an atom overlaps one it holds, or its scalar claims do not fit."""
+
+    def __init__(
+        self, device_uid: str, holder: str, *, message: str = "", holders: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message or f"{device_uid} is already assigned to {holder}")
+        self.device_uid = device_uid
+        self.holder = holder
+        # Every reservation whose hold on the node stands in the way (one for an atom).
+        self.holders = holders or (holder,)
+
+
+Assignment = tuple[str, datetime, datetime]  # (device uid, start, end)
+
+
+@dataclass(frozen=True)
+class NodeAssignment:
+    """What one node is told about one allocation: its atoms, scalar claims and node profile."""
+
+    node_id: str
+    reservation_id: str
+    allocation_id: str
+    atoms: list[Assignment]
+    resources: dict[str, int] = field(default_factory=dict)
+    node_profile: dict[str, Any] | None = None
+
+
+def _json(value: Any) -> Any:
+    # Django hands raw jsonb columns back as text.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _check_claims(
+    cursor: Any,
+    *,
+    node_id: str,
+    reservation_id: str,
+    resources: dict[str, int],
+    start: datetime,
+    end: datetime,
+) -> None:
+    """Refuse (AllocationFailed) claims that do not fit what the node has over `[start, end)`."""
+    wanted = {name: int(amount) for name, amount in resources.items() if int(amount) > 0}
+    if not wanted:
+        return
+    # What the node has, as it reported it.
+    cursor.execute(
+        "SELECT resource, floor(allocatable * ratio)::bigint FROM inventory_noderesource"
+        " WHERE node_id = %s AND resource = ANY(%s)",
+        [node_id, sorted(wanted)],
+    )
+    capacity = {name: int(amount) for name, amount in cursor.fetchall()}
+    # What it already holds for windows overlapping this one (its own earlier rows excepted:
+    # a redelivery replaces them).
+    cursor.execute(
+        "SELECT reservation_id, resources FROM fake_daemon_claims"
+        " WHERE node_id = %s AND reservation_id <> %s AND starts_at < %s AND %s < ends_at ORDER BY id",
+        [node_id, reservation_id, end, start],
+    )
+    held: dict[str, int] = {}
+    holders: dict[str, list[str]] = {}
+    for holder, claims in cursor.fetchall():
+        for name, amount in (_json(claims) or {}).items():
+            if name in wanted and int(amount) > 0:
+                held[name] = held.get(name, 0) + int(amount)
+                holders.setdefault(name, []).append(holder)
+    for name, amount in sorted(wanted.items()):
+        has = capacity.get(name, 0)
+        if held.get(name, 0) + amount > has:
+            by = holders.get(name, [])
+            raise AllocationFailed(
+                f"{name} on {node_id}",
+                by[0] if by else "",
+                message=f"{name} on {node_id}: {amount} asked, {held.get(name, 0)} of {has} already claimed"
+                + (f" by {', '.join(sorted(set(by)))}" if by else ""),
+                holders=tuple(sorted(set(by))),
+            )
+
+
+def daemon_assign(
+    *,
+    node_id: str,
+    reservation_id: str,
+    allocation_id: str,
+    assignments: list[Assignment],
+    resources: dict[str, int] | None = None,
+    node_profile: dict[str, Any] | None = None,
+) -> None:
+    """Accept the atoms and claims on this node, or refuse them all with AllocationFailed."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        _lock_node(cursor, node_id)
+        cursor.execute(
+            "SELECT id, device_uid, reservation_id, allocation_id, starts_at, ends_at"
+            " FROM fake_daemon_assignments WHERE node_id = %s AND device_uid = ANY(%s)",
+            [node_id, [uid for uid, _, _ in assignments]],
+        )
+        held: dict[str, list[tuple[int, str, str, datetime, datetime]]] = {}
+        for row_id, uid, holder, held_allocation, start, end in cursor.fetchall():
+            held.setdefault(uid, []).append((row_id, holder, held_allocation, start, end))
+        fresh: list[Assignment] = []
+        moved: list[tuple[int, datetime, datetime]] = []
+        for uid, start, end in assignments:
+            same: list[tuple[int, datetime, datetime]] = []
+            for row_id, holder, held_allocation, held_start, held_end in held.get(uid, []):
+                if holder == reservation_id:
+                    if held_allocation == allocation_id:
+                        same.append((row_id, held_start, held_end))
+                elif start < held_end and held_start < end:
+                    raise AllocationFailed(uid, holder)
+            if any((held_start, held_end) == (start, end) for _, held_start, held_end in same):
+                continue  # a redelivery adds only what the node lacks
+            if same:
+                moved.append((same[0][0], start, end))  # the control plane's latest word on its own booking
+            else:
+                fresh.append((uid, start, end))
+        if assignments:
+            window_start = min(start for _, start, _ in assignments)
+            window_end = max(end for _, _, end in assignments)
+            _check_claims(
+                cursor,
+                node_id=node_id,
+                reservation_id=reservation_id,
+                resources=resources or {},
+                start=window_start,
+                end=window_end,
+            )
+        for uid, start, end in fresh:
+            cursor.execute(
+                "INSERT INTO fake_daemon_assignments"
+                " (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                [node_id, uid, reservation_id, allocation_id, start, end],
+            )
+        for row_id, start, end in moved:
+            cursor.execute(
+                "UPDATE fake_daemon_assignments SET starts_at = %s, ends_at = %s WHERE id = %s",
+                [start, end, row_id],
+            )
+        if assignments:
+            cursor.execute(
+                "INSERT INTO fake_daemon_claims"
+                " (node_id, reservation_id, allocation_id, resources, node_profile, starts_at, ends_at)"
+                " VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s, %s)"
+                " ON CONFLICT (allocation_id) DO UPDATE SET resources = EXCLUDED.resources,"
+                " node_profile = EXCLUDED.node_profile, starts_at = EXCLUDED.starts_at,"
+                " ends_at = EXCLUDED.ends_at",
+                [
+                    node_id,
+                    reservation_id,
+                    allocation_id,
+                    json.dumps({name: int(amount) for name, amount in sorted((resources or {}).items())}),
+                    None if node_profile is None else json.dumps(node_profile),
+                    window_start,
+                    window_end,
+                ],
+            )
+
+
+def _assignments_of(reservation_id: str, node_id: str | None = None) -> list[NodeAssignment]:
+    """What the control plane committed for a reservation (on one node, if named), one per allocation."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.node_id, a.id, a.resources, r.request -> 'node', d.uid,"
+            " lower(b.during), upper(b.during)"
+            " FROM reservations_allocation a JOIN reservations_reservation r ON r.id = a.reservation_id"
+            " JOIN device_bookings b ON b.allocation_id = a.id"
+            " JOIN inventory_device d ON d.id = b.device_id WHERE a.reservation_id = %s"
+            " AND (%s::varchar IS NULL OR a.node_id = %s)"
+            " ORDER BY a.node_id, a.id, d.uid",
+            [reservation_id, node_id, node_id],
+        )
+        out: dict[tuple[str, str], NodeAssignment] = {}
+        for node_id, allocation_id, resources, profile, uid, start, end in cursor.fetchall():
+            key = (node_id, allocation_id)
+            if key not in out:
+                out[key] = NodeAssignment(
+                    node_id=node_id,
+                    reservation_id=reservation_id,
+                    allocation_id=allocation_id,
+                    atoms=[],
+                    resources={name: int(amount) for name, amount in (_json(resources) or {}).items()},
+                    node_profile=_json(profile),
+                )
+            out[key].atoms.append((uid, start, end))
+    return [out[key] for key in sorted(out)]
+
+
+def _known_reservation(reservation_id: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM reservations_reservation WHERE id = %s", [reservation_id])
+        return cursor.fetchone() is not None
+
+
+def _lock_node(cursor: Any, node_id: str) -> None:
+    """One node's daemon handles one message at a time, as a real agent would (held to commit)."""
+    cursor.execute("SELECT pg_advisory_xact_lock(hashtext('fake-daemon:' || %s))", [node_id])
+
+
+def daemon_deliver(*, reservation_id: str) -> AllocationFailed | None:
+    """Send a committed reservation's assignments (atoms, claims, profile) to its nodes; the refusal, if any.
+
+    The daemon only answers; the control plane (`reservations.services.reservation_deliver`)
+    releases a refused reservation. An unreachable node raises (the outbox retries).
+
+    What is sent to a node is read from the bookings while that node's daemon
+    is held, so a message never carries a state older than one the node has
+    already been told: a create's delivery that runs after its own release
+    sends the shortened bookings, not the ones it was created with.
+    """
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT DISTINCT node_id FROM reservations_allocation WHERE reservation_id = %s ORDER BY 1",
+                [reservation_id],
+            )
+            node_ids = [node_id for (node_id,) in cursor.fetchall()]
+        for node_id in node_ids:
+            with transaction.atomic(), connection.cursor() as cursor:
+                _lock_node(cursor, node_id)
+                for assignment in _assignments_of(reservation_id, node_id):
+                    _assign_or_refresh(assignment)
+    except AllocationFailed as exc:
+        logger.warning("node refused reservation %s: %s", reservation_id, exc)
+        return exc
+    return None
+
+
+def _assign_or_refresh(assignment: NodeAssignment) -> None:
+    assign = partial(
+        daemon_assign,
+        node_id=assignment.node_id,
+        reservation_id=assignment.reservation_id,
+        allocation_id=assignment.allocation_id,
+        assignments=assignment.atoms,
+        resources=assignment.resources,
+        node_profile=assignment.node_profile,
+    )
+    try:
+        assign()
+    except AllocationFailed as exc:
+        # A release commits, then tells the node (after commit); a create that
+        # books the freed atoms or scalars can deliver before that news arrives.
+        # When every holder is a reservation the control plane knows, bring the
+        # node's record of them up to date and ask once more: a holder still
+        # booked keeps its rows, and one the node holds without the control plane
+        # knowing it is never dropped, so a true overlap is still refused.
+        if not exc.holders or not all(_known_reservation(holder) for holder in exc.holders):
+            raise
+        for holder in exc.holders:
+            daemon_shorten(reservation_id=holder, node_id=assignment.node_id)
+        assign()
+
+
+def daemon_shorten(*, reservation_id: str, node_id: str | None = None) -> None:
+    """Bring the node's record of a reservation in line with its (shortened) bookings.
+
+    Atoms and claims alike: only what the node accepted is ever kept, rows are
+    cut or dropped, never added, so a refused assignment leaves no trace.
+    """
+    nodes = " AND node_id = %(node)s" if node_id is not None else ""
+    params = {"reservation": reservation_id, "node": node_id}
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Each node's daemon is held (in node order) before the bookings are read,
+        # so what it keeps is never older than what another message told it.
+        cursor.execute(
+            f"SELECT node_id FROM fake_daemon_assignments WHERE reservation_id = %(reservation)s{nodes}"
+            f" UNION SELECT node_id FROM fake_daemon_claims WHERE reservation_id = %(reservation)s{nodes}"
+            " ORDER BY 1",
+            params,
+        )
+        for (held_node,) in cursor.fetchall():
+            _lock_node(cursor, held_node)
+        current: dict[tuple[str, str], datetime] = {}
+        allocation_ends: dict[str, datetime] = {}
+        for assignment in _assignments_of(reservation_id):
+            for uid, _start, end in assignment.atoms:
+                current[(assignment.allocation_id, uid)] = end
+                allocation_ends[assignment.allocation_id] = max(
+                    end, allocation_ends.get(assignment.allocation_id, end)
+                )
+        cursor.execute(
+            "SELECT id, allocation_id, device_uid, starts_at, ends_at FROM fake_daemon_assignments"
+            f" WHERE reservation_id = %(reservation)s{nodes} ORDER BY id FOR UPDATE",
+            params,
+        )
+        for row_id, allocation_id, uid, start, end in cursor.fetchall():
+            booked_end = current.get((allocation_id, uid))
+            if booked_end is None or booked_end <= start:
+                cursor.execute("DELETE FROM fake_daemon_assignments WHERE id = %s", [row_id])
+            elif booked_end < end:
+                cursor.execute(
+                    "UPDATE fake_daemon_assignments SET ends_at = %s WHERE id = %s", [booked_end, row_id]
+                )
+        cursor.execute(
+            "SELECT id, allocation_id, starts_at, ends_at FROM fake_daemon_claims"
+            f" WHERE reservation_id = %(reservation)s{nodes} ORDER BY id FOR UPDATE",
+            params,
+        )
+        for row_id, allocation_id, start, end in cursor.fetchall():
+            booked_end = allocation_ends.get(allocation_id)
+            if booked_end is None or booked_end <= start:
+                cursor.execute("DELETE FROM fake_daemon_claims WHERE id = %s", [row_id])
+            elif booked_end < end:
+                cursor.execute(
+                    "UPDATE fake_daemon_claims SET ends_at = %s WHERE id = %s", [booked_end, row_id]
+                )
+
+
+def daemon_holdings(*, device_uid: str) -> list[tuple[str, datetime, datetime]]:
+    """What the node believes it holds for one device: (reservation id, start, end)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reservation_id, starts_at, ends_at FROM fake_daemon_assignments WHERE device_uid = %s"
+            " ORDER BY starts_at",
+            [device_uid],
+        )
+        return [(row[0], row[1], row[2]) for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class ClaimHolding:
+    """What the node believes one allocation claims: its scalars and profile, for a window."""
+
+    node_id: str
+    reservation_id: str
+    allocation_id: str
+    resources: dict[str, int]
+    node_profile: dict[str, Any] | None
+    starts_at: datetime
+    ends_at: datetime
+
+
+def daemon_claims(*, reservation_id: str) -> list[ClaimHolding]:
+    """What the nodes believe a reservation claims besides atoms, one row per allocation."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT node_id, reservation_id, allocation_id, resources, node_profile, starts_at, ends_at"
+            " FROM fake_daemon_claims WHERE reservation_id = %s ORDER BY node_id, allocation_id",
+            [reservation_id],
+        )
+        return [
+            ClaimHolding(
+                node_id=node_id,
+                reservation_id=holder,
+                allocation_id=allocation_id,
+                resources={name: int(amount) for name, amount in (_json(resources) or {}).items()},
+                node_profile=_json(profile),
+                starts_at=start,
+                ends_at=end,
+            )
+            for node_id, holder, allocation_id, resources, profile, start, end in cursor.fetchall()
+        ]
+
+
+def daemon_behind(*, limit: int = 500) -> list[str]:
+    """Live reservations some node does not hold as booked (an atom cut or missing, claims missing).
+
+    Oldest id first. The outbox (`reservations.delivery.outbox`) makes this empty after
+    its deliveries; it stays as an on-demand resync for a node that lost its
+    own record (`reservations.services.reservations_redeliver`).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT DISTINCT r.id FROM reservations_reservation r
+              JOIN reservations_allocation a ON a.reservation_id = r.id
+              JOIN device_bookings b ON b.allocation_id = a.id
+              JOIN inventory_device d ON d.id = b.device_id
+             WHERE r.state IN ('scheduled', 'active') AND upper(b.during) > compute_now()
+               AND (NOT EXISTS (
+                   SELECT 1 FROM fake_daemon_assignments f
+                    WHERE f.node_id = a.node_id AND f.reservation_id = r.id AND f.device_uid = d.uid
+                      AND f.starts_at = lower(b.during) AND f.ends_at = upper(b.during))
+                 OR NOT EXISTS (SELECT 1 FROM fake_daemon_claims c WHERE c.allocation_id = a.id))
+             ORDER BY r.id LIMIT %s
+            """,
+            [limit],
+        )
+        return [row[0] for row in cursor.fetchall()]
