@@ -33,6 +33,8 @@ from typing import Any
 
 import psutil
 
+from bench.load import one_gpu_hour
+
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 16
 BENCH_ENV = {
@@ -181,13 +183,7 @@ def run_all(seconds: float) -> list[dict[str, Any]]:
     pool = next(p["poolId"] for p in summary["pools"] if p["name"] == "h100-east")
 
     def create_release(client: Client) -> str:
-        body = {
-            "tenantId": "acme",
-            "poolId": pool,
-            "devices": [{"class": "gpu", "count": 1}],
-            "duration": "1h",
-            "idempotencyKey": f"bench-{uuid.uuid4()}",
-        }
+        body = one_gpu_hour(tenant_id="acme", pool_id=pool, key=f"bench-{uuid.uuid4()}")
         status, answer = client.post("reservations/create", member, body)
         if status != 201:
             return f"create {status}"

@@ -155,6 +155,17 @@ class Throughput(CreateRate):
 _keys = itertools.count()
 
 
+def one_gpu_hour(*, tenant_id: str, pool_id: str, key: str) -> dict[str, Any]:
+    """The body of the bench's create: 1 GPU for 1 hour; every create + release loop books this."""
+    return {
+        "tenantId": tenant_id,
+        "poolId": pool_id,
+        "devices": [{"class": "gpu", "count": 1}],
+        "duration": 3600,
+        "idempotencyKey": key,
+    }
+
+
 def create_release_run(
     *,
     clients: list[Client],
@@ -176,13 +187,7 @@ def create_release_run(
         while time.monotonic() < deadline:
             tenant_id, pool_id = target(index, op)
             op += 1
-            body = {
-                "tenantId": tenant_id,
-                "poolId": pool_id,
-                "devices": [{"class": "gpu", "count": 1}],
-                "duration": 3600,
-                "idempotencyKey": f"{run_id}-{index}-{next(_keys)}",
-            }
+            body = one_gpu_hour(tenant_id=tenant_id, pool_id=pool_id, key=f"{run_id}-{index}-{next(_keys)}")
             started = time.perf_counter()
             status, answer = client.call("reservations/create", body)
             if status in (200, 201):

@@ -44,6 +44,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.load import one_gpu_hour
+
 SAMPLES = 200
 WARMUP = 10
 FRAMEWORK = "framework (rest)"
@@ -52,12 +54,12 @@ TITLE = "where one create and one release spend their time"
 # (module, attribute path, stage). A class method is named "Class.method".
 SEAMS: tuple[tuple[str, str, str], ...] = (
     ("core.authentication", "BearerTokenAuthentication.authenticate", "authentication"),
-    ("core.api", "StrictJSONParser.parse", "parsing"),
+    ("core.api.parsing", "StrictJSONParser.parse", "parsing"),
     ("reservations.api.views", "reservation_request_resolve", "parsing"),
-    ("core.api", "rpc_input", "parsing"),
+    ("core.api.rpc", "rpc_input", "parsing"),
     ("reservations.request.resolve", "decide_pool", "decision"),
-    ("core.api", "decide_tenant", "decision"),
-    ("core.api", "writes_count", "rate limit"),
+    ("core.api.rpc", "decide_tenant", "decision"),
+    ("core.api.rpc", "writes_count", "rate limit"),
     ("reservations.services", "_existing", "idempotency"),
     ("reservations.placer.commit", "placement_plan", "planning"),
     ("reservations.placer.commit", "plan_commit", "commit: bookings"),
@@ -68,7 +70,7 @@ SEAMS: tuple[tuple[str, str, str], ...] = (
     ("reservations.delivery.outbox", "outbox_deliver_reservation", "delivery"),
     ("reservations.api.views", "reservation_get", "read back"),
     ("reservations.api.views", "reservation_payload", "serialization"),
-    ("core.api", "EscapedJSONRenderer.render", "serialization"),
+    ("core.api.parsing", "EscapedJSONRenderer.render", "serialization"),
 )
 
 # In the order a request meets them; "commit: transaction" is what the commit's
@@ -270,13 +272,7 @@ def profile_run(
         profiling(profiler),
     ):
         for index in range(warmup + samples):
-            body = {
-                "tenantId": tenant_id,
-                "poolId": pool_id,
-                "devices": [{"class": "gpu", "count": 1}],
-                "duration": 3600,
-                "idempotencyKey": f"profile-{stamp}-{index}",
-            }
+            body = one_gpu_hour(tenant_id=tenant_id, pool_id=pool_id, key=f"profile-{stamp}-{index}")
             took, sample, answer = call("create", body, 201)
             if index >= warmup:
                 kept["create"].append((took, sample))
@@ -339,24 +335,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON too")
     args = parser.parse_args(argv)
 
+    from bench.clock import Clock
     from bench.database import BENCH_DB, database_drop, database_recreate, server_find
-    from bench.run import Clock, _build_fleet, _django_setup, _pool_ids, _tokens
+    from bench.fleet import django_setup, fleet_build, pool_ids, tokens_issue
 
     clock = Clock()
     server = server_find()
     if not args.reuse_db:
         database_recreate(server=server)
-    _django_setup(server)
+    django_setup(server)
     if args.reuse_db:
         tenant, pool_id = _main_pool()
     else:
         from reservations.rollups.recount import rollup_rebuild_all
 
-        fleet = _build_fleet(server=server, nodes=args.nodes, clock=clock)
+        fleet = fleet_build(server=server, nodes=args.nodes, clock=clock)
         with clock.step(f"{args.nodes} nodes: rebuild_rollups"):
             rollup_rebuild_all()
-        tenant, pool_id = _pool_ids(fleet)["main"]
-    token = _tokens()[tenant]
+        tenant, pool_id = pool_ids(fleet)["main"]
+    token = tokens_issue()[tenant]
     with clock.step(f"profile: {args.samples} creates + releases"):
         profile = profile_run(token=token, tenant_id=tenant, pool_id=pool_id, samples=args.samples)
     print_profile(profile, title=f"{args.nodes:,} nodes: where one create and one release spend their time")

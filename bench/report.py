@@ -1,258 +1,42 @@
-"""Write the benchmark's results: JSON, PNG charts (matplotlib, Agg) and `docs/benchmarks.md`.
+"""Write the benchmark's results: JSON, the charts (`bench/charts.py`) and `docs/benchmarks.md`.
 
 The page is generated from the run, so every number on it is one the run
-measured; `docs/scaling.md` cites them by hand.
+measured; `docs/scaling.md` cites them by hand. Its targets table is
+`bench/targets.py`'s; each other section is one function below.
 """
 
 # Markdown table rows and their cells read best on one line each; the page uses the times and
 # less-or-equal signs.
-# ruff: noqa: E501, RUF001
+# ruff: noqa: E501
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from bench.charts import chart_earliest, chart_preview, chart_reads, chart_throughput
+from bench.profile import FRAMEWORK, STAGES
+from bench.targets import targets
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-# The targets of the 10,000-node run (2-core machine, one million bookings).
-READ_P50_MS = 10.0
-READ_GROWTH = 1.2
-PREVIEW_8_P50_MS = 50.0
-THROUGHPUT_SHARE_OF_FLOOR = 0.5
-REBUILD_S = 5.0
-USAGE_MS = 100.0
-TIMELINE_MS = 100.0
-RSS_MB = 250.0
-# Issue 14's write-path targets.
-CREATE_P50_MS = 10.0
-CREATE_GROWTH = 1.3
-PREVIEW_SELECTOR_P50_MS = 50.0
-PREVIEW_SELECTOR_GROWTH = 1.5
-LOST_RACES_SHARE = 0.02
-# Issue 15's planning answers.
-EARLIEST_P50_MS = 200.0
+# The page's longer notes, as they read on it.
+READS_NOTE = """\
+The timeline asks 7 days in 30-minute steps (336 buckets) of the H100 pool, starting 3 days ago.
+`usage/hourly` asks the H100 pool's owner for the 31 days that end with the last closed hour (one
+page of up to 1,000 rows, read from the usage table the bench filled by running the worker's
+`usage-close` over the month); *open hour* asks for the current hour, computed from the bookings.
+*no credential (401)* is `capacity/summary` with an empty bearer token: refused before any query,
+it is what HTTP, gunicorn, Django and DRF cost per call on this machine, under every other line."""
+LOST_RACES_NOTE = """\
+A *lost race* is an option whose booking was written and rolled back because a concurrent
+placement got its atoms first (the placement then waited for that one's commit). An option
+*passed over* was seen taken at the claim, before anything was written: a one-atom placement
+takes the first of its node's free atoms that no concurrent placement holds or has booked since
+the plan (`FOR NO KEY UPDATE SKIP LOCKED`), and moves to its next option when there is none."""
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def _save(fig: Any, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _chart_latencies(
-    path: Path,
-    by_size: dict[str, dict[str, Any]],
-    names: list[str],
-    *,
-    title: str,
-    target_ms: float,
-    figsize: tuple[float, float],
-    dash: int,
-    **ticks: Any,
-) -> None:
-    """Grouped bars: per name, one bar (p50) and one dash (p99) per fleet size; the target dotted."""
-    fig, ax = plt.subplots(figsize=figsize)
-    width = 0.8 / len(by_size)
-    for k, (size, latencies) in enumerate(by_size.items()):
-        xs = [i + k * width for i in range(len(names))]
-        ax.bar(xs, [latencies[n]["p50_ms"] for n in names], width, label=f"{int(size):,} nodes p50")
-        ax.scatter(xs, [latencies[n]["p99_ms"] for n in names], marker="_", s=dash, color="black", zorder=3)
-    ax.set_xticks([i + width * (len(by_size) - 1) / 2 for i in range(len(names))], names, **ticks)
-    ax.set_ylabel("ms (bar p50, dash p99)")
-    ax.set_title(title)
-    ax.axhline(target_ms, color="grey", linestyle=":", linewidth=1)
-    ax.legend(fontsize=8)
-    _save(fig, path)
-
-
-def _chart_reads(results: dict[str, Any], path: Path) -> None:
-    _chart_latencies(
-        path,
-        {size: run["reads"] for size, run in results["sizes"].items()},
-        ["summary", "byPool", "timeline"],
-        title="Capacity reads over HTTP",
-        target_ms=READ_P50_MS,
-        figsize=(7, 3.6),
-        dash=300,
-    )
-
-
-def _chart_preview(results: dict[str, Any], path: Path) -> None:
-    by_size = {size: run["reads"]["preview"] for size, run in results["sizes"].items()}
-    _chart_latencies(
-        path,
-        by_size,
-        list(next(iter(by_size.values()))),
-        title="capacity/preview over HTTP",
-        target_ms=PREVIEW_8_P50_MS,
-        figsize=(8, 3.8),
-        dash=200,
-        rotation=20,
-        fontsize=8,
-    )
-
-
-def _chart_earliest(results: dict[str, Any], path: Path) -> None:
-    by_size = {size: run["reads"]["earliest"] for size, run in results["sizes"].items()}
-    _chart_latencies(
-        path,
-        by_size,
-        list(next(iter(by_size.values()))),
-        title="capacity/earliest over HTTP (7-day horizon)",
-        target_ms=EARLIEST_P50_MS,
-        figsize=(8, 3.8),
-        dash=200,
-        rotation=10,
-        fontsize=8,
-    )
-
-
-def _chart_throughput(throughput: dict[str, Any], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    for source, style in (
-        ("api", "-o"),
-        ("floor", "--s"),
-        ("floor_no_rollup", ":^"),
-        ("floor_delta_log", "-.v"),
-    ):
-        for mode, rows in throughput.get(source, {}).items():
-            ax.plot(
-                [r["clients"] for r in rows],
-                [r["creates_per_s"] for r in rows],
-                style,
-                label=f"{source.replace('_', ' ')}, {mode}",
-            )
-    ax.set_xscale("log", base=2)
-    ax.set_xticks([1, 4, 16], ["1", "4", "16"])
-    ax.set_xlabel("concurrent clients")
-    ax.set_ylabel("creates (+ releases) per second")
-    ax.set_title("reservations/create + release")
-    ax.legend(fontsize=7)
-    _save(fig, path)
-
-
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "**missed**"
-
-
-def _targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
-    sizes = sorted(results["sizes"], key=int)
-    small, big = results["sizes"][sizes[0]], results["sizes"][sizes[-1]]
-    rows: list[tuple[str, str, str]] = []
-    for name in ("summary", "byPool"):
-        p50 = big["reads"][name]["p50_ms"]
-        ratio = p50 / small["reads"][name]["p50_ms"]
-        rows.append(
-            (
-                f"`capacity/{name}`{' (with fragmentation)' if name == 'byPool' else ''} p50 < {READ_P50_MS:.0f} ms"
-                f" and ≤ {READ_GROWTH}× the {int(sizes[0]):,}-node figure",
-                f"{p50:.2f} ms, ratio {ratio:.2f}",
-                _verdict(p50 < READ_P50_MS and ratio <= READ_GROWTH),
-            )
-        )
-    p8 = big["reads"]["preview"]["8 GPUs"]["p50_ms"]
-    rows.append(
-        (
-            f"`capacity/preview` 8 GPUs p50 < {PREVIEW_8_P50_MS:.0f} ms",
-            f"{p8:.1f} ms",
-            _verdict(p8 < PREVIEW_8_P50_MS),
-        )
-    )
-    if all("create_one_client" in results["sizes"][s] for s in sizes):
-        p50s = [results["sizes"][s]["create_one_client"]["create_p50_ms"] for s in sizes]
-        growth = [b / a for a, b in itertools.pairwise(p50s)]
-        rows.append(
-            (
-                f"create p50 at 1 client < {CREATE_P50_MS:.0f} ms and each size ≤ {CREATE_GROWTH}× the one before",
-                f"{p50s[-1]:.1f} ms; "
-                + ", ".join(
-                    f"{int(b):,}/{int(a):,}: {g:.2f}"
-                    for (a, b), g in zip(itertools.pairwise(sizes), growth, strict=True)
-                ),
-                _verdict(p50s[-1] < CREATE_P50_MS and all(g <= CREATE_GROWTH for g in growth)),
-            )
-        )
-    for shape in ("1 GPU + selector", "8 GPUs + selector"):
-        p50 = big["reads"]["preview"][shape]["p50_ms"]
-        ratio = p50 / small["reads"]["preview"][shape]["p50_ms"]
-        rows.append(
-            (
-                f"`capacity/preview` {shape} p50 ≤ {PREVIEW_SELECTOR_P50_MS:.0f} ms"
-                f" and ≤ {PREVIEW_SELECTOR_GROWTH}× the {int(sizes[0]):,}-node figure",
-                f"{p50:.1f} ms, ratio {ratio:.2f}",
-                _verdict(p50 <= PREVIEW_SELECTOR_P50_MS and ratio <= PREVIEW_SELECTOR_GROWTH),
-            )
-        )
-    throughput = big.get("throughput")
-    if throughput:
-        last = throughput["api"]["one pool"][-1]
-        share = last["lost_races"] / last["creates"] if last["creates"] else 0.0
-        rows.append(
-            (
-                f"lost races at {last['clients']} clients (one pool) ≤ {LOST_RACES_SHARE:.0%} of creates",
-                f"{last['lost_races']} of {last['creates']} = {share:.1%}"
-                f" (and {last.get('passed_over', 0)} options passed over at the claim)",
-                _verdict(share <= LOST_RACES_SHARE),
-            )
-        )
-        for mode in throughput["api"]:
-            api16 = throughput["api"][mode][-1]["creates_per_s"]
-            floor16 = throughput["floor"][mode][-1]["creates_per_s"]
-            share = api16 / floor16 if floor16 else 0.0
-            rows.append(
-                (
-                    f"create at 16 clients ({mode}) ≥ {THROUGHPUT_SHARE_OF_FLOOR:.0%} of the SQL floor",
-                    f"{api16:.1f}/s vs {floor16:.1f}/s = {share:.0%}",
-                    _verdict(share >= THROUGHPUT_SHARE_OF_FLOOR),
-                )
-            )
-    for shape, result in big["reads"].get("earliest", {}).items():
-        found = f"starts in {result['wait_h']} h" if result.get("fits") else "none in 7 days"
-        rows.append(
-            (
-                f"`capacity/earliest` {shape}, 7-day horizon, p50 ≤ {EARLIEST_P50_MS:.0f} ms",
-                f"p50 {result['p50_ms']:.1f} ms ({found}, {result.get('tried')} instant(s) tried)",
-                _verdict(result["p50_ms"] <= EARLIEST_P50_MS),
-            )
-        )
-    rebuild = big["rebuild"]["median_s"]
-    rows.append(
-        (
-            f"`rebuild_rollups` whole fleet < {REBUILD_S:.0f} s",
-            f"{rebuild:.2f} s",
-            _verdict(rebuild < REBUILD_S),
-        )
-    )
-    timeline = big["reads"]["timeline"]["p50_ms"]
-    rows.append(
-        (
-            f"`capacity/timeline` 7 days / 336 buckets < {TIMELINE_MS:.0f} ms",
-            f"p50 {timeline:.1f} ms",
-            _verdict(timeline < TIMELINE_MS),
-        )
-    )
-    usage = big["reads"].get("usage/hourly")
-    if usage is not None:
-        rows.append(
-            (
-                f"`usage/hourly` one tenant, 31 days p50 ≤ {USAGE_MS:.0f} ms",
-                f"p50 {usage['p50_ms']:.1f} ms ({usage.get('rows')} rows)",
-                _verdict(usage["p50_ms"] <= USAGE_MS),
-            )
-        )
-    rss = max(big["peak_rss_mb"].values()) if big["peak_rss_mb"] else 0.0
-    rows.append((f"server memory < {RSS_MB:.0f} MB per worker", f"peak {rss:.0f} MB", _verdict(rss < RSS_MB)))
-    return rows
 
 
 def _latency_table_head(title: str, chart: str, column: str, sizes: list[str]) -> list[str]:
@@ -273,7 +57,30 @@ def _latency_cells(latencies: list[dict[str, Any]], *, digits: int) -> str:
 
 def _markdown(results: dict[str, Any]) -> str:
     sizes = sorted(results["sizes"], key=int)
-    big = results["sizes"][sizes[-1]]
+    lines = _head_lines(results, sizes)
+    lines += _fleet_lines(results, sizes)
+    lines += _reads_lines(results, sizes)
+    lines += _preview_lines(results, sizes)
+    lines += _earliest_lines(results, sizes)
+    throughput = results["sizes"][sizes[-1]].get("throughput")
+    if throughput:
+        lines += _throughput_lines(throughput)
+    lines += _profile_lines(results, sizes)
+    lines += _worker_lines(results, sizes)
+    lines += ["## Server memory", ""]
+    for size in sizes:
+        rss = results["sizes"][size]["peak_rss_mb"]
+        lines.append(
+            f"* {int(size):,} nodes: peak RSS per worker " + ", ".join(f"{v:.0f} MB" for v in rss.values())
+        )
+    lines += ["", "## Steps", "", "| step | seconds |", "| --- | ---: |"]
+    lines += [f"| {name} | {secs:.1f} |" for name, secs in results["steps_s"].items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _head_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
+    """The title, the machine and the run's length, and the targets table."""
     machine = results["machine"]
     lines = [
         "# Benchmarks",
@@ -294,8 +101,13 @@ def _markdown(results: dict[str, Any]) -> str:
         "| target | measured | |",
         "| --- | --- | --- |",
     ]
-    lines += [f"| {a} | {b} | {c} |" for a, b, c in _targets(results)]
-    lines += [
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in targets(results)]
+    return lines
+
+
+def _fleet_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
+    """Each fleet: its pools, atoms and bookings, the rebuild, and the month's usage-close."""
+    lines = [
         "",
         "## Fleets",
         "",
@@ -323,7 +135,12 @@ def _markdown(results: dict[str, Any]) -> str:
                 f"* {int(size):,} nodes: the worker's `usage-close` closed the month's {closed['hours']:,} hours"
                 f" into {closed['rows']:,} usage rows in {closed['seconds']:.1f} s."
             )
-    lines += [
+    return lines
+
+
+def _reads_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
+    """The reads' table, and how the reads grow from the smallest fleet to the largest."""
+    lines = [
         "",
         *_latency_table_head("Reads over HTTP", "reads", "method", sizes),
     ]
@@ -346,113 +163,96 @@ def _markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"* `{name}` p50 at {int(sizes[-1]):,} nodes / at {int(sizes[0]):,} nodes: **{ratio:.2f}**"
             )
-    lines += [
-        "",
-        "The timeline asks 7 days in 30-minute steps (336 buckets) of the H100 pool, starting 3 days ago.",
-        "`usage/hourly` asks the H100 pool's owner for the 31 days that end with the last closed hour (one",
-        "page of up to 1,000 rows, read from the usage table the bench filled by running the worker's",
-        "`usage-close` over the month); *open hour* asks for the current hour, computed from the bookings.",
-        "*no credential (401)* is `capacity/summary` with an empty bearer token: refused before any query,",
-        "it is what HTTP, gunicorn, Django and DRF cost per call on this machine, under every other line.",
-        "",
-        *_latency_table_head("capacity/preview", "preview", "request", sizes),
-    ]
-    for shape in results["sizes"][sizes[0]]["reads"]["preview"]:
-        cells = _latency_cells([results["sizes"][s]["reads"]["preview"][shape] for s in sizes], digits=1)
+    return [*lines, "", READS_NOTE, ""]
+
+
+def _shapes_table(results: dict[str, Any], sizes: list[str], method: str) -> list[str]:
+    """A planning method's section head and one row per request shape, as the first size names them."""
+    lines = _latency_table_head(f"capacity/{method}", method, "request", sizes)
+    for shape in results["sizes"][sizes[0]]["reads"][method]:
+        cells = _latency_cells([results["sizes"][s]["reads"][method][shape] for s in sizes], digits=1)
         lines.append(f"| {shape} | {cells} |")
+    return lines
+
+
+def _preview_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
+    lines = _shapes_table(results, sizes, "preview")
     lines += [
         "",
         'The selector is `{"vramGiB": {"gte": 80}, "gpuModel": "H100"}`; every request is for one hour.',
         "",
     ]
-    if all("earliest" in results["sizes"][s]["reads"] for s in sizes):
-        lines += [*_latency_table_head("capacity/earliest", "earliest", "request", sizes)]
-        for shape in results["sizes"][sizes[0]]["reads"]["earliest"]:
-            cells = _latency_cells([results["sizes"][s]["reads"]["earliest"][shape] for s in sizes], digits=1)
-            lines.append(f"| {shape} | {cells} |")
-        lines += [
-            "",
-            "Each asks the H100 pool for the earliest start within 7 days. Where it starts, and how many",
-            "instants the placer was asked at, at each size: "
-            + "; ".join(
-                f"{int(s):,} nodes: "
-                + ", ".join(
-                    f"{shape} "
-                    + (f"in {r['wait_h']} h" if r.get("fits") else "none")
-                    + f" ({r.get('tried')} tried)"
-                    for shape, r in results["sizes"][s]["reads"]["earliest"].items()
-                )
-                for s in sizes
+    return lines
+
+
+def _earliest_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
+    """The earliest-fit table, and where each shape starts at each size (when every size measured it)."""
+    if not all("earliest" in results["sizes"][s]["reads"] for s in sizes):
+        return []
+    lines = _shapes_table(results, sizes, "earliest")
+    lines += [
+        "",
+        "Each asks the H100 pool for the earliest start within 7 days. Where it starts, and how many",
+        "instants the placer was asked at, at each size: "
+        + "; ".join(
+            f"{int(s):,} nodes: "
+            + ", ".join(
+                f"{shape} "
+                + (f"in {r['wait_h']} h" if r.get("fits") else "none")
+                + f" ({r.get('tried')} tried)"
+                for shape, r in results["sizes"][s]["reads"]["earliest"].items()
             )
-            + ".",
-            "",
-        ]
-    throughput = big.get("throughput")
-    if throughput:
-        lines += [
-            "## reservations/create + release",
-            "",
-            "![throughput](benchmarks/throughput.png)",
-            "",
-            "Each client loops: create (1 GPU, 1 hour) then release, through HTTP. *One pool*: every client books",
-            "in the same H100 pool; *spread*: client *i* books in exclusive pool *i* mod 9. The floor runs the same",
-            "guarded statements of one placement and one release as plain psycopg transactions (no planning,",
-            "no Django, no HTTP), each client on its own atoms.",
-            "",
-            "| source | mode | clients | creates/s | create p50 ms | create p99 ms | lost races | passed over"
-            " | replans | NO_CAPACITY |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for source in ("api", "floor", "floor_no_rollup", "floor_delta_log"):
-            for mode, rows in throughput.get(source, {}).items():
-                for r in rows:
-                    lines.append(
-                        f"| {source.replace('_', ' ')} | {mode} | {r['clients']} | {r['creates_per_s']:.1f}"
-                        f" | {_fmt(r.get('create_p50_ms'))} | {_fmt(r.get('create_p99_ms'))}"
-                        f" | {r.get('lost_races', r.get('lost', '-'))} | {r.get('passed_over', '-')}"
-                        f" | {r.get('replans', '-')} | {r.get('no_capacity', '-')} |"
-                    )
-        lines += [
-            "",
-            "A *lost race* is an option whose booking was written and rolled back because a concurrent",
-            "placement got its atoms first (the placement then waited for that one's commit). An option",
-            "*passed over* was seen taken at the claim, before anything was written: a one-atom placement",
-            "takes the first of its node's free atoms that no concurrent placement holds or has booked since",
-            "the plan (`FOR NO KEY UPDATE SKIP LOCKED`), and moves to its next option when there is none.",
-            "",
-        ]
-        for mode in throughput["api"]:
-            for api_row, floor_row in zip(throughput["api"][mode], throughput["floor"][mode], strict=True):
-                share = (
-                    api_row["creates_per_s"] / floor_row["creates_per_s"] if floor_row["creates_per_s"] else 0
-                )
-                lines.append(f"* {mode}, {api_row['clients']} clients: API / floor = **{share:.0%}**")
-        lines.append("")
-        if "floor_no_rollup" in throughput:
-            lines += [
-                "*floor no rollup* is the floor without the rollup delta statement, and *floor delta log* the floor",
-                "with the delta appended to a log table instead of updating the pool's row: the difference between",
-                "them and the floor on one pool is what the single hot rollup row costs.",
-                "",
-            ]
-    lines += _profile_lines(results, sizes)
-    lines += _worker_lines(results, sizes)
-    lines += ["## Server memory", ""]
-    for size in sizes:
-        rss = results["sizes"][size]["peak_rss_mb"]
-        lines.append(
-            f"* {int(size):,} nodes: peak RSS per worker " + ", ".join(f"{v:.0f} MB" for v in rss.values())
+            for s in sizes
         )
-    lines += ["", "## Steps", "", "| step | seconds |", "| --- | ---: |"]
-    lines += [f"| {name} | {secs:.1f} |" for name, secs in results["steps_s"].items()]
+        + ".",
+        "",
+    ]
+    return lines
+
+
+def _throughput_lines(throughput: dict[str, Any]) -> list[str]:
+    """The write path's table (API and floors), the lost races explained, and the API's share of the floor."""
+    lines = [
+        "## reservations/create + release",
+        "",
+        "![throughput](benchmarks/throughput.png)",
+        "",
+        "Each client loops: create (1 GPU, 1 hour) then release, through HTTP. *One pool*: every client books",
+        "in the same H100 pool; *spread*: client *i* books in exclusive pool *i* mod 9. The floor runs the same",
+        "guarded statements of one placement and one release as plain psycopg transactions (no planning,",
+        "no Django, no HTTP), each client on its own atoms.",
+        "",
+        "| source | mode | clients | creates/s | create p50 ms | create p99 ms | lost races | passed over"
+        " | replans | NO_CAPACITY |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for source in ("api", "floor", "floor_no_rollup", "floor_delta_log"):
+        for mode, rows in throughput.get(source, {}).items():
+            for r in rows:
+                lines.append(
+                    f"| {source.replace('_', ' ')} | {mode} | {r['clients']} | {r['creates_per_s']:.1f}"
+                    f" | {_fmt(r.get('create_p50_ms'))} | {_fmt(r.get('create_p99_ms'))}"
+                    f" | {r.get('lost_races', r.get('lost', '-'))} | {r.get('passed_over', '-')}"
+                    f" | {r.get('replans', '-')} | {r.get('no_capacity', '-')} |"
+                )
+    lines += ["", LOST_RACES_NOTE, ""]
+    for mode in throughput["api"]:
+        for api_row, floor_row in zip(throughput["api"][mode], throughput["floor"][mode], strict=True):
+            share = api_row["creates_per_s"] / floor_row["creates_per_s"] if floor_row["creates_per_s"] else 0
+            lines.append(f"* {mode}, {api_row['clients']} clients: API / floor = **{share:.0%}**")
     lines.append("")
-    return "\n".join(lines)
+    if "floor_no_rollup" in throughput:
+        lines += [
+            "*floor no rollup* is the floor without the rollup delta statement, and *floor delta log* the floor",
+            "with the delta appended to a log table instead of updating the pool's row: the difference between",
+            "them and the floor on one pool is what the single hot rollup row costs.",
+            "",
+        ]
+    return lines
 
 
 def _profile_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
     """Where one create and one release spend their time, per stage, at each size (bench/profile.py)."""
-    from bench.profile import FRAMEWORK, STAGES
-
     measured = [s for s in sizes if "profile" in results["sizes"][s]]
     if not measured:
         return []
@@ -547,12 +347,12 @@ def report_write(*, results: dict[str, Any], out_dir: Path, page: Path) -> None:
     """Write `results.json`, the charts and the markdown page."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    _chart_reads(results, out_dir / "reads.png")
-    _chart_preview(results, out_dir / "preview.png")
+    chart_reads(results, out_dir / "reads.png")
+    chart_preview(results, out_dir / "preview.png")
     if all("earliest" in run["reads"] for run in results["sizes"].values()):
-        _chart_earliest(results, out_dir / "earliest.png")
+        chart_earliest(results, out_dir / "earliest.png")
     sizes = sorted(results["sizes"], key=int)
     throughput = results["sizes"][sizes[-1]].get("throughput")
     if throughput:
-        _chart_throughput(throughput, out_dir / "throughput.png")
+        chart_throughput(throughput, out_dir / "throughput.png")
     page.write_text(_markdown(results))

@@ -44,7 +44,7 @@ console = Console()
 
 def worker_pass() -> dict[str, Any]:
     """One pass of every job: the total and each job's seconds, count and outcome."""
-    from worker.jobs import WorkerLoop
+    from worker.loop import WorkerLoop
 
     loop = WorkerLoop(holder="bench")
     try:
@@ -64,7 +64,7 @@ def worker_pass() -> dict[str, Any]:
 
 def schedule_query(samples: int = SCHEDULE_SAMPLES) -> dict[str, float]:
     """`next_deadline()`'s latency (p50, p99) in milliseconds."""
-    from worker.jobs import next_deadline
+    from worker.deadlines import next_deadline
 
     runs = []
     for _ in range(samples):
@@ -217,13 +217,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-db", action="store_true", help="keep the benchmark database after the run")
     args = parser.parse_args(argv)
 
+    from bench.clock import Clock
     from bench.database import BENCH_DB, database_drop, database_recreate, server_find
-    from bench.run import Clock, _build_fleet, _django_setup
+    from bench.fleet import django_setup, fleet_build
 
     clock = Clock()
     server = server_find()
     database_recreate(server=server)
-    _django_setup(server)
+    django_setup(server)
     url = server.url(BENCH_DB)
     measured: dict[str, Any] = {}
 
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         with clock.step(f"{args.nodes} nodes: the worker idle for {args.seconds:.0f}s"):
             measured["cpu_idle"] = worker_cpu(database_url=url, seconds=args.seconds)
 
-    _build_fleet(server=server, nodes=args.nodes, clock=clock, after_load=idle)
+    fleet_build(server=server, nodes=args.nodes, clock=clock, after_load=idle)
     measured.update(worker_measure(database_url=url, nodes=args.nodes, clock=clock, seconds=args.seconds))
     print_worker({"worker": measured})
     if not args.keep_db:

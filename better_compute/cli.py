@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Any
 
-from better_compute import __version__, render
+from better_compute import __version__, render, render_capacity, render_placement, render_reservations
+from better_compute.arguments import parse_duration, parse_time, positive_int
 from better_compute.client import ApiError, Client, Unreachable
 from better_compute.config import DEFAULT_URL, ConfigError, Settings, resolve
 from better_compute.device_match import SelectorError, parse_selector
@@ -46,55 +45,12 @@ epoch milliseconds, or `now`; durations (--for) take 90s, 45m, 8h, 1d, 2w, 1h30m
 CLASSES = ("gpu", "gpu.mig", "gpu.slot")
 STATES = ("scheduled", "active", "ended", "released", "preempted")
 # The device class a pool of each sharing mode sells (the server refuses the others).
-CLASS_FOR_SHARING = render.HEADLINE
+CLASS_FOR_SHARING = render_capacity.HEADLINE
 MAX_PAGES = 10_000
 
 
 class UsageError(Exception):
     """A value the CLI cannot send (exit 2)."""
-
-
-# --- Argument types ----------------------------------------------------------------
-
-
-def parse_time(text: str) -> int:
-    """ISO-8601 (naive means local time), epoch milliseconds, or `now`, as epoch milliseconds."""
-    value = text.strip()
-    if value.lower() == "now":
-        return int(datetime.now().timestamp() * 1000)
-    if re.fullmatch(r"[0-9]+", value):
-        ms = int(value)
-        if 0 < ms < 100_000_000_000:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} looks like seconds; give epoch milliseconds (13 digits) or ISO-8601"
-            )
-        return ms
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither ISO-8601 (2026-05-04T14:00, 2026-05-04T12:00Z) nor epoch milliseconds"
-        ) from None
-    # A naive time is local time: `timestamp()` reads it so.
-    return int(moment.timestamp() * 1000)
-
-
-def parse_duration(text: str) -> int | str:
-    """Seconds as a number, anything else as the API's duration text (the server reads it)."""
-    value = text.strip()
-    if not value:
-        raise argparse.ArgumentTypeError("a duration cannot be empty")
-    return int(value) if value.isdigit() else value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
-    return value
 
 
 # --- The parser --------------------------------------------------------------------
@@ -146,6 +102,10 @@ def _request_options(parser: argparse.ArgumentParser, *, required: bool) -> None
     )
 
 
+# Adds one command: its name, its help, and the function that runs it.
+AddCommand = Callable[[str, str, Callable[..., int]], argparse.ArgumentParser]
+
+
 def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -166,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
+    _capacity_command(command)
+    _reserve_command(command)
+    _reservation_commands(command)
+    _list_command(command)
+    _timeline_command(command)
+    return parser
+
+
+def _capacity_command(command: AddCommand) -> None:
     capacity = command(
         "capacity",
         "The pools' capacity (capacity/summary), one pool's rows (--pool: capacity/byPool), "
@@ -197,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _request_options(capacity, required=False)
 
+
+def _reserve_command(command: AddCommand) -> None:
     reserve = command("reserve", "Book devices (reservations/create).", cmd_reserve)
     reserve.add_argument("--pool", required=True, help="a pool id (pool_…) or name")
     _request_options(reserve, required=True)
@@ -216,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long the server may wait for capacity before NO_CAPACITY (0-30000)",
     )
 
+
+def _reservation_commands(command: AddCommand) -> None:
+    """`get`, `release` and `renew`: one reservation by its id, one method each."""
     for name, what in (
         ("get", "One reservation (reservations/get)."),
         ("release", "Release a reservation now (reservations/release)."),
@@ -225,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("reservation_id", metavar="RSV_ID", help="the reservation id (rsv_…)")
         sub.set_defaults(method=f"reservations/{name}")
 
+
+def _list_command(command: AddCommand) -> None:
     listing = command("list", "The tenant's reservations, newest first (reservations/list).", cmd_list)
     listing.add_argument("--pool", help="only this pool (id or name)")
     listing.add_argument("--state", choices=STATES, help="only this state")
@@ -236,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="follow nextCursor to the last page (--json then prints one answer with every reservation)",
     )
 
+
+def _timeline_command(command: AddCommand) -> None:
     timeline = command(
         "timeline",
         "Whole GPUs booked and free per time bucket in one pool (capacity/timeline), as a bar chart.",
@@ -249,7 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--to", dest="end", type=parse_time, help="ISO-8601, epoch ms or now (default: --from + 24 h)"
     )
     timeline.add_argument("--step-minutes", type=int, help="bucket length, 5-1440 (default 60)")
-    return parser
 
 
 # --- Running a command -------------------------------------------------------------
@@ -297,6 +274,11 @@ class Context:
             ids = ", ".join(p["poolId"] for p in named)
             raise UsageError(f"{len(named)} pools are named {text!r} ({ids}); give the pool id")
         return named[0]["poolId"], named[0]
+
+
+def _given(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields whose flag was given: the API's default stands for each one left out."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _reservation_body(ctx: Context, args: argparse.Namespace, key: str) -> tuple[dict[str, Any], str]:
@@ -362,17 +344,13 @@ def cmd_capacity(ctx: Context) -> int:
     if args.earliest:
         if args.start is not None:
             raise UsageError("--earliest chooses the start: give --from to search from")
-        extra: dict[str, Any] = {}
-        if args.search_from is not None:
-            extra["from"] = args.search_from
-        if args.horizon is not None:
-            extra["horizon"] = args.horizon
-        return _ask_placer(ctx, "earliest", extra=extra, draw=render.earliest, answered="fits")
+        extra = _given({"from": args.search_from, "horizon": args.horizon})
+        return _ask_placer(ctx, "earliest", extra=extra, draw=render_placement.earliest, answered="fits")
     if args.explain:
         extra = {"nodeId": args.node} if args.node else {}
-        return _ask_placer(ctx, "explain", extra=extra, draw=render.explain, answered="fit")
+        return _ask_placer(ctx, "explain", extra=extra, draw=render_placement.explain, answered="fit")
     if args.preview:
-        return _ask_placer(ctx, "preview", extra={}, draw=render.preview, answered="fits")
+        return _ask_placer(ctx, "preview", extra={}, draw=render_placement.preview, answered="fits")
     given = [name for name in request_flags if getattr(args, name) is not None]
     if given:
         flags = ", ".join("--" + {"duration": "for", "device_class": "class"}.get(n, n) for n in given)
@@ -383,13 +361,13 @@ def cmd_capacity(ctx: Context) -> int:
         if ctx.as_json:
             ctx.print_json(answer)
         else:
-            render.pool_rows(render.console(), answer, name=entry["name"] if entry else None)
+            render_capacity.pool_rows(render.console(), answer, name=entry["name"] if entry else None)
         return EXIT_OK
     answer = ctx.summary()
     if ctx.as_json:
         ctx.print_json(answer)
     else:
-        render.summary(render.console(), answer)
+        render_capacity.summary(render.console(), answer)
     return EXIT_OK
 
 
@@ -410,7 +388,7 @@ def cmd_reserve(ctx: Context) -> int:
     if ctx.as_json:
         ctx.print_json(answer)
     else:
-        render.reservation(render.console(), answer, title="Reserved")
+        render_reservations.reservation(render.console(), answer, title="Reserved")
     return EXIT_OK
 
 
@@ -420,7 +398,9 @@ def cmd_reservation(ctx: Context) -> int:
         ctx.print_json(answer)
     else:
         titles = {"reservations/release": "Released", "reservations/renew": "Renewed"}
-        render.reservation(render.console(), answer, title=titles.get(ctx.args.method, "Reservation"))
+        render_reservations.reservation(
+            render.console(), answer, title=titles.get(ctx.args.method, "Reservation")
+        )
     return EXIT_OK
 
 
@@ -449,24 +429,27 @@ def cmd_list(ctx: Context) -> int:
     if ctx.as_json:
         ctx.print_json(answer)
     else:
-        render.reservation_list(render.console(), answer["reservations"], more=bool(answer.get("nextCursor")))
+        render_reservations.reservation_list(
+            render.console(), answer["reservations"], more=bool(answer.get("nextCursor"))
+        )
     return EXIT_OK
 
 
 def cmd_timeline(ctx: Context) -> int:
     args = ctx.args
-    body: dict[str, Any] = {"poolId": ctx.pool(args.pool)[0]}
-    if args.start is not None:
-        body["from"] = args.start
-    if args.end is not None:
-        body["to"] = args.end
-    if args.step_minutes is not None:
-        body["stepMinutes"] = args.step_minutes
+    body = _given(
+        {
+            "poolId": ctx.pool(args.pool)[0],
+            "from": args.start,
+            "to": args.end,
+            "stepMinutes": args.step_minutes,
+        }
+    )
     answer = ctx.call("capacity/timeline", body)
     if ctx.as_json:
         ctx.print_json(answer)
     else:
-        render.timeline(render.console(), answer)
+        render_capacity.timeline(render.console(), answer)
     return EXIT_OK
 
 

@@ -41,20 +41,19 @@ class Settings:
     config_path: Path
 
     def require_token(self) -> str:
-        if not self.token:
-            raise ConfigError(
-                'no API token: pass --token, set BETTER_COMPUTE_TOKEN, or put token = "..." in '
-                f"{self.config_path} (an operator issues one with `manage.py issue_token`)"
-            )
-        return self.token
+        return self._required("token", "API token", " (an operator issues one with `manage.py issue_token`)")
 
     def require_tenant(self) -> str:
-        if not self.tenant:
+        return self._required("tenant", "tenant")
+
+    def _required(self, key: str, what: str, hint: str = "") -> str:
+        """The value of `key`, or a ConfigError naming the three places that can give it."""
+        value = getattr(self, key)
+        if not value:
             raise ConfigError(
-                'no tenant: pass --tenant, set BETTER_COMPUTE_TENANT, or put tenant = "..." in '
-                f"{self.config_path}"
+                f'no {what}: pass --{key}, set {ENV[key]}, or put {key} = "..." in {self.config_path}{hint}'
             )
-        return self.tenant
+        return str(value)
 
 
 def config_path(environ: Mapping[str, str]) -> tuple[Path, bool]:

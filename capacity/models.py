@@ -2,7 +2,7 @@
 
 `HourlyUsage` is what was held per hour, tenant, pool, project, resource and
 spot flag, written by the worker's `usage-close` job once an hour has closed
-(`capacity.usage`); `UsageHour` marks each closed hour. Both are history: a
+(`capacity.services`); `UsageHour` marks each closed hour. Both are history: a
 trigger (migration 0003) refuses to update or delete a row, and a late change
 is recorded as a correction row (a higher `revision`), never as an edit.
 """

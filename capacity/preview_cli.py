@@ -38,7 +38,7 @@ def preview_command(
         if selector:
             body["devices"][0]["selector"] = selector_to_api(parse_cli_selector(selector))
         request = parse_reservation_request(body)
-        from inventory.access import visible_pools
+        from ledger.access import visible_pools
 
         pool: Pool | None = visible_pools(tenant_id=tenant_id).filter(pk=pool_id).first()
         if pool is None:

@@ -65,7 +65,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Nodes are told about a create or a release after its response has gone out.
-    "reservations.delivery.outbox.DeliverAfterResponse",
+    "reservations.api.middleware.DeliverAfterResponse",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -124,7 +124,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "EXCEPTION_HANDLER": "core.api.exception_handler",
+    "EXCEPTION_HANDLER": "core.api.envelope.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from core.api import api_not_found, api_read_only
+from core.api.envelope import api_not_found, api_read_only
 from core.views import admin_index, healthz, landing
 
 urlpatterns = [
@@ -26,6 +26,6 @@ urlpatterns = [
 ]
 
 # Outside /api/ these fall back to Django's own pages (the admin).
-handler400 = "core.api.handler400"
-handler404 = "core.api.handler404"
-handler500 = "core.api.handler500"
+handler400 = "core.api.envelope.handler400"
+handler404 = "core.api.envelope.handler404"
+handler500 = "core.api.envelope.handler500"

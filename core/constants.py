@@ -7,7 +7,7 @@ reservation states, ...) lives in that app's `constants.py` or `models.py`.
 from __future__ import annotations
 
 # The patterns are written as the contract (and so the OpenAPI document, ECMA-262) spells them,
-# `^…$`. Match them whole, with `re.fullmatch` (`core.api.StrictRegexField` does): in Python
+# `^…$`. Match them whole, with `re.fullmatch` (`core.api.fields.StrictRegexField` does): in Python
 # `$` also matches before a final newline, so `re.match` would take `"acme\n"` for a tenant id.
 
 # A tenant id, an idempotency key, a node report's hostname: the contract's plain identifier.

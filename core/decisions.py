@@ -2,7 +2,7 @@
 
 A method "decided on the tenant" needs a binding whose role holds the
 permission on `tenantId`, or a platform binding of an operator (which covers
-every tenant). "Decided on the pool" (`inventory.access`) adds that the pool is owned by or
+every tenant). "Decided on the pool" (`ledger.access`) adds that the pool is owned by or
 offered to the tenant. "Decided on a node" (`decide_node_scope`, then
 `decide_node`) is the platform decision of node agents, whose binding may be
 narrowed to one pool's nodes or to one node.

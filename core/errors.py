@@ -1,4 +1,4 @@
-"""Typed domain errors; `core.api.exception_handler` renders each in the contract's envelope."""
+"""Typed domain errors; `core.api.envelope.exception_handler` renders each in the contract's envelope."""
 
 from __future__ import annotations
 
@@ -39,7 +39,18 @@ def cap_details(details: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class DomainError(Exception):
+    """An error the API answers in its envelope: `code` and HTTP `status` are the class's.
+
+    A subclass names its own as class keywords, `class NotFound(DomainError,
+    code="NOT_FOUND", status=404)`; one without them answers as its base does.
+    """
+
     code, status = "INTERNAL", 500
+
+    def __init_subclass__(cls, *, code: str | None = None, status: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None and status is not None:
+            cls.code, cls.status = code, status
 
     def __init__(self, message: str, details: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
@@ -47,8 +58,8 @@ class DomainError(Exception):
         self.details = details or []
 
 
-class InvalidInput(DomainError):
-    code, status = "INVALID_INPUT", 400
+class InvalidInput(DomainError, code="INVALID_INPUT", status=400):
+    """A bad request: `details` names each bad field."""
 
     @classmethod
     def field(cls, field: str, message: str) -> InvalidInput:
@@ -69,38 +80,36 @@ class InvalidInput(DomainError):
         return cls(message, details, **kwargs)
 
 
-class Unauthenticated(DomainError):
-    code, status = "UNAUTHENTICATED", 401
+class Unauthenticated(DomainError, code="UNAUTHENTICATED", status=401):
+    """No valid bearer token: none, or one unknown, expired or revoked."""
 
 
-class PermissionDenied(DomainError):
-    code, status = "PERMISSION_DENIED", 403
+class PermissionDenied(DomainError, code="PERMISSION_DENIED", status=403):
+    """The credential does not grant this method (on this tenant, or on this node)."""
 
 
-class NotFound(DomainError):
-    code, status = "NOT_FOUND", 404
+class NotFound(DomainError, code="NOT_FOUND", status=404):
+    """No such object, or one the caller may not see: the answer never says which."""
 
 
-class Conflict(DomainError):
-    code, status = "CONFLICT", 409
+class Conflict(DomainError, code="CONFLICT", status=409):
+    """The request contradicts what is stored now."""
 
 
 class IdempotencyConflict(Conflict):
-    pass
+    """An `idempotencyKey` used again with a different request."""
 
 
-class NoCapacity(DomainError):
-    code, status = "NO_CAPACITY", 409
+class NoCapacity(DomainError, code="NO_CAPACITY", status=409):
+    """What the request asks for does not fit in what it may book."""
 
 
-class QuotaExceeded(DomainError):
-    code, status = "QUOTA_EXCEEDED", 409
+class QuotaExceeded(DomainError, code="QUOTA_EXCEEDED", status=409):
+    """The request would take the tenant past a quota."""
 
 
-class TooManyRequests(DomainError):
+class TooManyRequests(DomainError, code="RATE_LIMITED", status=429):
     """Beyond a rate limit or the waiting bound: try again after `retry_after` seconds (`Retry-After`)."""
-
-    code, status = "RATE_LIMITED", 429
 
     def __init__(
         self, message: str, details: list[dict[str, Any]] | None = None, *, retry_after: int
@@ -110,7 +119,7 @@ class TooManyRequests(DomainError):
 
 
 # Every code an error answers with, in the contract's order, the catch-all last:
-# the enum of the error envelope in the OpenAPI document (`core.api.ErrorSerializer`).
+# the enum of the error envelope in the OpenAPI document (`core.api.envelope.ErrorSerializer`).
 _ERRORS = (
     InvalidInput,
     Unauthenticated,

@@ -1,6 +1,6 @@
 """JSON as it enters the service: parsed once, strictly, and every string in it checked once.
 
-The API's parser (`core.api.StrictJSONParser`) and the fleet-file loader
+The API's parser (`core.api.parsing.StrictJSONParser`) and the fleet-file loader
 parse with `json_loads_strict`; the parsers of documents handed over already
 parsed (`inventory.reports.report_parse`, `fleets.spec.fleet_parse`) check
 their strings with `text_problem`. The rules:

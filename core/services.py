@@ -52,14 +52,7 @@ def token_issue(
     The ids are checked for their form only: `core` does not read nodes, and a
     well-formed id of nothing narrows the token to nothing.
     """
-    if role not in Role.values:
-        raise InvalidInput.field("role", f"must be one of {', '.join(Role.values)}")
-    if role in PLATFORM_ROLES and tenant_id is not None:
-        raise InvalidInput.field("tenant", f"a {role} token is bound to the platform, not to a tenant")
-    if role in TENANT_ROLES and tenant_id is None:
-        raise InvalidInput.field("tenant", f"a {role} token needs a tenant")
-    if tenant_id is not None and not Tenant.objects.filter(pk=tenant_id).exists():
-        raise InvalidInput.field("tenant", f"unknown tenant {tenant_id!r}")
+    _binding_check(role=role, tenant_id=tenant_id)
     if expires_in_seconds is not None and expires_in_seconds <= 0:
         raise InvalidInput.field("expires", "must be positive")
     _node_scope_check(role=role, scope_pool_id=scope_pool_id, scope_node_id=scope_node_id)
@@ -90,20 +83,27 @@ def token_issue(
             digest=token_digest(secret),
             expires_at=expires_at,
         )
-        audit_record(
-            actor=actor,
-            action="token.issue",
-            subject_type="token",
-            subject_id=token.pk,
-            data={
-                "role": role,
-                "tenantId": tenant_id,
-                "principalId": principal.pk,
-                "scopePoolId": scope_pool_id or None,
-                "scopeNodeId": scope_node_id or None,
-            },
-        )
+        data = {
+            "role": role,
+            "tenantId": tenant_id,
+            "principalId": principal.pk,
+            "scopePoolId": scope_pool_id or None,
+            "scopeNodeId": scope_node_id or None,
+        }
+        audit_record(actor=actor, action="token.issue", subject_type="token", subject_id=token.pk, data=data)
     return token, secret
+
+
+def _binding_check(*, role: str, tenant_id: str | None) -> None:
+    """A known role, bound to the platform or to one existing tenant as the role wants."""
+    if role not in Role.values:
+        raise InvalidInput.field("role", f"must be one of {', '.join(Role.values)}")
+    if role in PLATFORM_ROLES and tenant_id is not None:
+        raise InvalidInput.field("tenant", f"a {role} token is bound to the platform, not to a tenant")
+    if role in TENANT_ROLES and tenant_id is None:
+        raise InvalidInput.field("tenant", f"a {role} token needs a tenant")
+    if tenant_id is not None and not Tenant.objects.filter(pk=tenant_id).exists():
+        raise InvalidInput.field("tenant", f"unknown tenant {tenant_id!r}")
 
 
 def _node_scope_check(*, role: str, scope_pool_id: str, scope_node_id: str) -> None:

@@ -76,14 +76,31 @@ def _fmt(value: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
+RANK = {name: index for index, (name, _) in enumerate(LAYERS)}
+# Which end of an arrow on a box's side: (the arrow's other box is below, its rank, negated, src, dst).
+EndKey = tuple[bool, int, str, str]
+
+
+def _top_of(name: str) -> float:
+    return TOP + RANK[name] * (BOX_H + GAP)
+
+
 def render(arrows: Counter[tuple[str, str]], modules: Counter[str]) -> str:
-    rank = {name: index for index, (name, _) in enumerate(LAYERS)}
+    """The picture: a title that says whether the rule holds, one box per app, one labelled arrow per pair."""
     height = TOP + len(LAYERS) * (BOX_H + GAP) + 40
+    upward = sum(count for (src, dst), count in arrows.items() if RANK[src] > RANK[dst])
+    lines = [*_head(height, upward), *_boxes(modules), *_arrows(arrows)]
+    lines.append(
+        f'<text x="{WIDTH / 2:g}" y="{height - 14}" text-anchor="middle" font-size="10" fill="#777777">'
+        "generated from the imports by docs/architecture_graph.py (grimp); "
+        "grey: down (allowed), red: up (forbidden)</text>"
+    )
+    lines.append("</svg>")
+    return "\n".join(lines) + "\n"
 
-    def top_of(name: str) -> float:
-        return TOP + rank[name] * (BOX_H + GAP)
 
-    upward = sum(count for (src, dst), count in arrows.items() if rank[src] > rank[dst])
+def _head(height: int, upward: int) -> list[str]:
+    """The SVG's element, the two arrow heads, the background, the title and the line under it."""
     lines = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
         f'viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif">',
@@ -111,9 +128,14 @@ def render(arrows: Counter[tuple[str, str]], modules: Counter[str]) -> str:
         f'<text x="{WIDTH / 2:g}" y="48" text-anchor="middle" font-size="12" '
         f'fill="{UP if upward else "#333333"}">{escape(summary)}</text>'
     )
+    return lines
 
+
+def _boxes(modules: Counter[str]) -> list[str]:
+    """One box per app, top to bottom: its name, its role and how many modules it has."""
+    lines = []
     for name, role in LAYERS:
-        y = top_of(name)
+        y = _top_of(name)
         lines.append(
             f'<rect x="{BOX_X}" y="{_fmt(y)}" width="{BOX_W}" height="{BOX_H}" rx="6" '
             'fill="#eef3fb" stroke="#3b5b8c" stroke-width="1.5"/>'
@@ -130,65 +152,65 @@ def render(arrows: Counter[tuple[str, str]], modules: Counter[str]) -> str:
             f'<text x="{BOX_X + BOX_W / 2:g}" y="{_fmt(y + 58)}" text-anchor="middle" '
             f'font-size="10" fill="#777777">{modules[name]} modules</text>'
         )
+    return lines
 
-    # Arrows leave a box's side and bow out: further apart, wider bow. Down on
-    # the right, up on the left. Each arrow has its own point on each box side:
-    # on a side, the arrows from the boxes above come in at the top and the
-    # ones to the boxes below leave at the bottom, nearest first, so that no two
-    # arrows share an end and the short ones nest inside the long ones.
-    ordered = sorted(arrows.items(), key=lambda item: (rank[item[0][0]], rank[item[0][1]]))
-    ends: dict[tuple[str, bool], list[tuple[bool, int, str, str]]] = {}
 
-    def end_key(box: str, other: str, src: str, dst: str) -> tuple[bool, int, str, str]:
-        # Arrows to or from the boxes above first, then below; the far ones outside.
-        return (rank[other] > rank[box], -rank[other], src, dst)
+def _end_key(box: str, other: str, src: str, dst: str) -> EndKey:
+    # Arrows to or from the boxes above first, then below; the far ones outside.
+    return (RANK[other] > RANK[box], -RANK[other], src, dst)
 
+
+def _arrows(arrows: Counter[tuple[str, str]]) -> list[str]:
+    """Every arrow with its count, from each one's own point on each box side.
+
+    Arrows leave a box's side and bow out: further apart, wider bow. Down on
+    the right, up on the left. On a side, the arrows from the boxes above come
+    in at the top and the ones to the boxes below leave at the bottom, nearest
+    first, so that no two arrows share an end and the short ones nest inside
+    the long ones.
+    """
+    ordered = sorted(arrows.items(), key=lambda item: (RANK[item[0][0]], RANK[item[0][1]]))
+    ends: dict[tuple[str, bool], list[EndKey]] = {}
     for (src, dst), _ in ordered:
-        down = rank[src] < rank[dst]
-        ends.setdefault((src, down), []).append(end_key(src, dst, src, dst))
-        ends.setdefault((dst, down), []).append(end_key(dst, src, src, dst))
+        down = RANK[src] < RANK[dst]
+        ends.setdefault((src, down), []).append(_end_key(src, dst, src, dst))
+        ends.setdefault((dst, down), []).append(_end_key(dst, src, src, dst))
 
     def end_y(box: str, down: bool, src: str, dst: str) -> float:
         side = sorted(ends[(box, down)])
-        slot = side.index(end_key(box, dst if box == src else src, src, dst))
-        return top_of(box) + BOX_H * (slot + 1) / (len(side) + 1)
+        slot = side.index(_end_key(box, dst if box == src else src, src, dst))
+        return _top_of(box) + BOX_H * (slot + 1) / (len(side) + 1)
 
+    lines: list[str] = []
     for (src, dst), count in ordered:
-        down = rank[src] < rank[dst]
-        span = abs(rank[src] - rank[dst])
-        side_x = BOX_X + BOX_W if down else BOX_X
-        sign = 1 if down else -1
-        y1 = end_y(src, down, src, dst)
-        y2 = end_y(dst, down, src, dst)
-        bow = 30 + 42 * span
-        x1 = side_x + sign * 2
-        cx = side_x + sign * bow
-        colour, marker = (DOWN, "down") if down else (UP, "up")
-        lines.append(
-            f'<path d="M {_fmt(x1)} {_fmt(y1)} C {_fmt(cx)} {_fmt(y1)} {_fmt(cx)} {_fmt(y2)} '
-            f'{_fmt(x1)} {_fmt(y2)}" fill="none" stroke="{colour}" stroke-width="1.4" '
-            f'marker-end="url(#head-{marker})"><title>{escape(src)} -&gt; {escape(dst)}: '
-            f"{count} imports</title></path>"
-        )
-        # The cubic's apex is 3/4 of the way to its control points.
-        apex_x = side_x + sign * (2 + 0.75 * (bow - 2))
-        apex_y = (y1 + y2) / 2
-        lines.append(
-            f'<rect x="{_fmt(apex_x - 14)}" y="{_fmt(apex_y - 9)}" width="28" height="16" rx="3" '
-            f'fill="#ffffff" stroke="{colour}" stroke-width="0.8"/>'
-        )
-        lines.append(
-            f'<text x="{_fmt(apex_x)}" y="{_fmt(apex_y + 3.5)}" text-anchor="middle" font-size="10" '
-            f'fill="{colour}">{count}</text>'
-        )
+        down = RANK[src] < RANK[dst]
+        lines += _arrow(src, dst, count, end_y(src, down, src, dst), end_y(dst, down, src, dst))
+    return lines
 
-    lines.append(
-        f'<text x="{WIDTH / 2:g}" y="{height - 14}" text-anchor="middle" font-size="10" fill="#777777">'
-        "generated from the imports by docs/architecture_graph.py (grimp); "
-        "grey: down (allowed), red: up (forbidden)</text>"
-    )
-    lines.append("</svg>")
-    return "\n".join(lines) + "\n"
+
+def _arrow(src: str, dst: str, count: int, y1: float, y2: float) -> list[str]:
+    """One arrow from `y1` on `src`'s side to `y2` on `dst`'s, and its count on a label at its apex."""
+    down = RANK[src] < RANK[dst]
+    span = abs(RANK[src] - RANK[dst])
+    side_x = BOX_X + BOX_W if down else BOX_X
+    sign = 1 if down else -1
+    bow = 30 + 42 * span
+    x1 = side_x + sign * 2
+    cx = side_x + sign * bow
+    colour, marker = (DOWN, "down") if down else (UP, "up")
+    # The cubic's apex is 3/4 of the way to its control points.
+    apex_x = side_x + sign * (2 + 0.75 * (bow - 2))
+    apex_y = (y1 + y2) / 2
+    return [
+        f'<path d="M {_fmt(x1)} {_fmt(y1)} C {_fmt(cx)} {_fmt(y1)} {_fmt(cx)} {_fmt(y2)} '
+        f'{_fmt(x1)} {_fmt(y2)}" fill="none" stroke="{colour}" stroke-width="1.4" '
+        f'marker-end="url(#head-{marker})"><title>{escape(src)} -&gt; {escape(dst)}: '
+        f"{count} imports</title></path>",
+        f'<rect x="{_fmt(apex_x - 14)}" y="{_fmt(apex_y - 9)}" width="28" height="16" rx="3" '
+        f'fill="#ffffff" stroke="{colour}" stroke-width="0.8"/>',
+        f'<text x="{_fmt(apex_x)}" y="{_fmt(apex_y + 3.5)}" text-anchor="middle" font-size="10" '
+        f'fill="{colour}">{count}</text>',
+    ]
 
 
 def build_svg() -> str:

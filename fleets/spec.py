@@ -8,7 +8,7 @@ field (`nodes[3].report.gpus[2].memoryMiB`); `fleets.load` then writes it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,15 +139,23 @@ def _match(errors: _Errors, path: str, value: Any, pattern: re.Pattern[str]) -> 
     return value
 
 
-def _parse_quota(errors: _Errors, path: str, value: Any) -> dict[str, int]:
-    quota: dict[str, int] = {}
+def _known_items(
+    errors: _Errors, path: str, value: Any, names: Sequence[str], what: str
+) -> Iterator[tuple[str, Any]]:
+    """An object's entries whose key is one of `names`; a non-object and every other key are reported."""
     if not isinstance(value, dict):
         errors.add(path, "must be an object")
-        return quota
-    for resource, limit in value.items():
-        if resource not in QUOTA_RESOURCES:
-            errors.add(f"{path}.{_name(resource)}", f"unknown resource (one of {', '.join(QUOTA_RESOURCES)})")
+        return
+    for key, item in value.items():
+        if key not in names:
+            errors.add(f"{path}.{_name(key)}", f"unknown {what} (one of {', '.join(names)})")
             continue
+        yield key, item
+
+
+def _parse_quota(errors: _Errors, path: str, value: Any) -> dict[str, int]:
+    quota: dict[str, int] = {}
+    for resource, limit in _known_items(errors, path, value, QUOTA_RESOURCES, "resource"):
         checked = _int(errors, f"{path}.{resource}", limit, 0, 1 << 40)
         if checked is not None:
             quota[resource] = checked
@@ -232,25 +240,41 @@ def _parse_node(
     if not _check_keys(errors, path, raw, {"hostname", "pool"}, NODE_KEYS):
         return None
     hostname = _match(errors, f"{path}.hostname", raw.get("hostname"), HOSTNAME_RE)
-    pool_ref = raw.get("pool")
-    pool_key = None
+    pool_key = _node_pool(errors, f"{path}.pool", raw.get("pool"), pools)
+    fields = _node_fields(errors, path, raw, tenants)
+    taints = _parse_taints(errors, f"{path}.taints", raw.get("taints", []))
+    ratios = _parse_ratios(errors, f"{path}.ratios", raw.get("ratios", {}))
+    report = None
+    if "report" in raw:
+        report = _node_report(errors, f"{path}.report", raw["report"], hostname)
+    if hostname is None or pool_key is None or any(v is None for k, v in fields.items() if k != "owner_id"):
+        return None
+    return NodeSpec(hostname, pool_key, fields, taints, ratios, report)
+
+
+def _node_pool(errors: _Errors, path: str, pool_ref: Any, pools: dict[str, list[str]]) -> str | None:
+    """The `owner/name` key of the node's pool: named so, or by a name only one owner uses."""
     if isinstance(pool_ref, str) and "/" in pool_ref:
-        pool_key = pool_ref if pool_ref in {k for ks in pools.values() for k in ks} else None
-        if pool_key is None:
-            errors.add(f"{path}.pool", f"unknown pool {_name(pool_ref)}")
+        if pool_ref in {k for ks in pools.values() for k in ks}:
+            return pool_ref
+        errors.add(path, f"unknown pool {_name(pool_ref)}")
     elif isinstance(pool_ref, str):
         matches = pools.get(pool_ref, [])
         if len(matches) == 1:
-            pool_key = matches[0]
-        else:
-            errors.add(
-                f"{path}.pool",
-                f"unknown pool {_name(pool_ref)}"
-                if not matches
-                else f"ambiguous pool {pool_ref}: say owner/name",
-            )
+            return matches[0]
+        errors.add(
+            path,
+            f"unknown pool {_name(pool_ref)}"
+            if not matches
+            else f"ambiguous pool {pool_ref}: say owner/name",
+        )
     else:
-        errors.add(f"{path}.pool", "must be a string")
+        errors.add(path, "must be a string")
+    return None
+
+
+def _node_fields(errors: _Errors, path: str, raw: dict[str, Any], tenants: dict[str, str]) -> dict[str, Any]:
+    """The node row's own fields (None where one is bad), its owner and its labels."""
     fields: dict[str, Any] = {
         "role": _choice(errors, f"{path}.role", raw.get("role", "host"), ROLES),
         "trust": _choice(errors, f"{path}.trust", raw.get("trust", "platform"), TRUSTS),
@@ -274,69 +298,84 @@ def _parse_node(
     elif owner is not None:
         errors.add(f"{path}.owner", "only tenant-owned nodes have an owner")
     fields["owner_id"] = owner if fields["trust"] == Trust.TENANT_OWNED else None
-    labels = raw.get("labels", {})
+    fields["labels"] = _parse_labels(errors, f"{path}.labels", raw.get("labels", {}))
+    return fields
+
+
+def _parse_labels(errors: _Errors, path: str, labels: Any) -> dict[str, str]:
     if not isinstance(labels, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and k for k, v in labels.items()
     ):
-        errors.add(f"{path}.labels", "must be an object of strings")
-        labels = {}
-    elif not all(_text_ok(errors, f"{path}.labels.{_name(k)}", f"{k}{v}") for k, v in labels.items()):
-        labels = {}
-    fields["labels"] = labels
+        errors.add(path, "must be an object of strings")
+        return {}
+    if not all(_text_ok(errors, f"{path}.{_name(k)}", f"{k}{v}") for k, v in labels.items()):
+        return {}
+    return labels
+
+
+def _parse_taints(errors: _Errors, path: str, taints_raw: Any) -> list[dict[str, str]]:
+    """The node's taints; a bad one is reported and left out, a key taken twice refused."""
     taints: list[dict[str, str]] = []
-    taints_raw = raw.get("taints", [])
     if not isinstance(taints_raw, list):
-        errors.add(f"{path}.taints", "must be a list")
-        taints_raw = []
+        errors.add(path, "must be a list")
+        return taints
     keys: set[str] = set()
-    for i, taint in enumerate(taints_raw):
-        tpath = f"{path}.taints[{i}]"
-        if not _check_keys(errors, tpath, taint, {"key", "effect"}, {"value", "reason"}):
-            continue
-        key = taint.get("key")
-        if not isinstance(key, str) or not key or len(key) > 253:
-            errors.add(f"{tpath}.key", "must be a non-empty string")
-            continue
-        if not TAINT_KEY_RE.fullmatch(key):
-            errors.add(f"{tpath}.key", "must be 1-253 letters, digits, '.', '_', '/' or '-'")
-            continue
-        if key in keys:
-            errors.add(f"{tpath}.key", f"duplicate taint key {key}")
-            continue
-        keys.add(key)
-        effect = _choice(errors, f"{tpath}.effect", taint.get("effect"), TAINT_EFFECTS)
-        value = taint.get("value", "")
-        reason = taint.get("reason", "")
-        if not isinstance(value, str) or not isinstance(reason, str):
-            errors.add(tpath, "value and reason must be strings")
-            continue
-        if not (_text_ok(errors, f"{tpath}.value", value) and _text_ok(errors, f"{tpath}.reason", reason)):
-            continue
-        if effect is not None:
-            taints.append({"key": key, "value": value, "effect": effect, "reason": reason})
+    for i, raw in enumerate(taints_raw):
+        taint = _parse_taint(errors, f"{path}[{i}]", raw, keys)
+        if taint is not None:
+            taints.append(taint)
+    return taints
+
+
+def _parse_taint(errors: _Errors, tpath: str, taint: Any, keys: set[str]) -> dict[str, str] | None:
+    """One taint; its key joins `keys` (the ones already taken) once it is well-formed."""
+    if not _check_keys(errors, tpath, taint, {"key", "effect"}, {"value", "reason"}):
+        return None
+    key = taint.get("key")
+    if not isinstance(key, str) or not key or len(key) > 253:
+        errors.add(f"{tpath}.key", "must be a non-empty string")
+        return None
+    if not TAINT_KEY_RE.fullmatch(key):
+        errors.add(f"{tpath}.key", "must be 1-253 letters, digits, '.', '_', '/' or '-'")
+        return None
+    if key in keys:
+        errors.add(f"{tpath}.key", f"duplicate taint key {key}")
+        return None
+    keys.add(key)
+    effect = _choice(errors, f"{tpath}.effect", taint.get("effect"), TAINT_EFFECTS)
+    value = taint.get("value", "")
+    reason = taint.get("reason", "")
+    if not isinstance(value, str) or not isinstance(reason, str):
+        errors.add(tpath, "value and reason must be strings")
+        return None
+    if not (_text_ok(errors, f"{tpath}.value", value) and _text_ok(errors, f"{tpath}.reason", reason)):
+        return None
+    if effect is None:
+        return None
+    return {"key": key, "value": value, "effect": effect, "reason": reason}
+
+
+def _parse_ratios(errors: _Errors, path: str, value: Any) -> dict[str, float]:
+    """Overcommit ratios by scalar name, each above 0 and at most 100."""
     ratios: dict[str, float] = {}
-    ratios_raw = raw.get("ratios", {})
-    if not isinstance(ratios_raw, dict):
-        errors.add(f"{path}.ratios", "must be an object")
-        ratios_raw = {}
-    for name, ratio in ratios_raw.items():
-        if name not in SCALAR_NAMES:
-            errors.add(f"{path}.ratios.{_name(name)}", f"unknown scalar (one of {', '.join(SCALAR_NAMES)})")
-        elif isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 100:
-            errors.add(f"{path}.ratios.{name}", "must be a number above 0 and at most 100")
+    for name, ratio in _known_items(errors, path, value, SCALAR_NAMES, "scalar"):
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 100:
+            errors.add(f"{path}.{name}", "must be a number above 0 and at most 100")
         else:
             ratios[name] = float(ratio)
+    return ratios
+
+
+def _node_report(errors: _Errors, path: str, raw: Any, hostname: str | None) -> NodeReport | None:
+    """The node's report, parsed as a node agent's would be, for the node's own hostname."""
     report = None
-    if "report" in raw:
-        try:
-            report = report_parse(data=raw["report"], prefix=f"{path}.report.")
-        except InvalidInput as exc:
-            errors.items.extend(exc.details)
-        if report is not None and hostname is not None and report.hostname != hostname:
-            errors.add(f"{path}.report.hostname", f"must equal the node's hostname {hostname}")
-    if hostname is None or pool_key is None or any(v is None for k, v in fields.items() if k != "owner_id"):
-        return None
-    return NodeSpec(hostname, pool_key, fields, taints, ratios, report)
+    try:
+        report = report_parse(data=raw, prefix=f"{path}.")
+    except InvalidInput as exc:
+        errors.items.extend(exc.details)
+    if report is not None and hostname is not None and report.hostname != hostname:
+        errors.add(f"{path}.hostname", f"must equal the node's hostname {hostname}")
+    return report
 
 
 def fleet_parse(*, data: Any) -> FleetSpec:

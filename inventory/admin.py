@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from core.admin import ReadOnlyAdmin
-from inventory.models import Device, Offering, Project, Taint
+from inventory.models import Device, Project, Taint
 
 # --- simple records -------------------------------------------------------------------------
 
@@ -23,15 +23,6 @@ class ProjectAdmin(admin.ModelAdmin):
     search_fields = ("id", "name", "tenant__id")
     autocomplete_fields = ("tenant",)
     readonly_fields = ("id", "created_at")
-
-
-@admin.register(Offering)
-class OfferingAdmin(admin.ModelAdmin):
-    list_display = ("pool", "tenant", "created_at")
-    list_filter = (("tenant", admin.RelatedOnlyFieldListFilter),)
-    list_select_related = ("pool", "tenant")
-    search_fields = ("pool__name", "pool__id", "tenant__id")
-    autocomplete_fields = ("pool", "tenant")
 
 
 @admin.register(Taint)

@@ -78,20 +78,6 @@ class Pool(models.Model):
         return self.archived_at is not None
 
 
-class Offering(models.Model):
-    """The pool is offered to another tenant; quotas live in `capacity.QuotaUsage`."""
-
-    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="offerings")
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="offerings")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["pool", "tenant"], name="offering_unique_pool_tenant")]
-
-    def __str__(self) -> str:
-        return f"{self.pool} → {self.tenant_id}"
-
-
 class Node(models.Model):
     id = models.CharField(primary_key=True, max_length=57, default=ids.id_default(ids.NODE))
     hostname = models.CharField(max_length=253, unique=True)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any
 
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
 from core.clock import to_millis
+from core.cursors import cursor_decode, cursor_encode, cursor_invalid
 from core.decisions import NodeScope
-from core.errors import InvalidInput, NotFound
+from core.errors import NotFound
 from inventory.models import Device, Node
 from inventory.schedulability import SCHEDULABLE, bucket_sql, node_bucket
 
@@ -199,15 +198,11 @@ def node_list(
 
 
 def _cursor_of(hostname: str) -> str:
-    return base64.urlsafe_b64encode(f"node:{hostname}".encode()).decode()
+    return cursor_encode("node", hostname, sep=":")
 
 
 def _cursor_hostname(cursor: str) -> str:
-    try:
-        text = base64.urlsafe_b64decode(cursor.encode()).decode()
-    except (ValueError, binascii.Error, UnicodeError) as exc:
-        raise InvalidInput.field("cursor", "is not a cursor this API returned") from exc
-    kind, _, hostname = text.partition(":")
+    kind, hostname = cursor_decode(cursor, count=2, sep=":")
     if kind != "node" or not hostname or "\x00" in hostname:
-        raise InvalidInput.field("cursor", "is not a cursor this API returned")
+        raise cursor_invalid()
     return hostname

@@ -1,71 +1,17 @@
-"""The guarded counters: per-pool capacity rollups and per-tenant quota usage.
+"""Who may use a pool and how much: offerings and per-tenant quota usage (guard 5).
 
-Both tables were created by the `capacity` app and keep their names; this app
-owns them now, and only its modules write them.
+`quota_usage` was created by the `capacity` app and keeps its name; this app
+owns it now, and only its modules write it. The pool rollups moved on to
+`reservations`, beside the bookings they count.
 """
 
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import F, Q, Value
-from django.db.models.functions import Greatest
+from django.db.models import F, Q
 
-# The counts of a rollup row, in the contract's order; the API, the CLI and the
-# admin all show these columns.
-ROLLUP_COUNTS = (
-    "total",
-    "allocatable",
-    "allocated",
-    "reserved",
-    "available",
-    "provisioning",
-    "unhealthy",
-    "maintenance",
-    "unreachable",
-)
-
-
-class PoolCapacityRollup(models.Model):
-    """One row per pool and resource; the only thing capacity reads ever scan."""
-
-    pool = models.ForeignKey("inventory.Pool", on_delete=models.CASCADE, related_name="rollups")
-    resource = models.CharField(max_length=16)
-    total = models.BigIntegerField(default=0)
-    allocatable = models.BigIntegerField(default=0)
-    allocated = models.BigIntegerField(default=0)
-    reserved = models.BigIntegerField(default=0)
-    provisioning = models.BigIntegerField(default=0)
-    unhealthy = models.BigIntegerField(default=0)
-    maintenance = models.BigIntegerField(default=0)
-    unreachable = models.BigIntegerField(default=0)
-    # Conservative on purpose: an atom booked now and later counts in both.
-    available = models.GeneratedField(
-        expression=Greatest(Value(0), F("allocatable") - F("allocated") - F("reserved")),
-        output_field=models.BigIntegerField(),
-        db_persist=True,
-    )
-    updated_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
-    rebuilt_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        db_table = "pool_capacity_rollup"
-        constraints = [
-            models.UniqueConstraint(fields=["pool", "resource"], name="rollup_unique_pool_resource"),
-            models.CheckConstraint(
-                name="rollup_total_is_sum",
-                condition=Q(
-                    total=F("allocatable")
-                    + F("provisioning")
-                    + F("unhealthy")
-                    + F("maintenance")
-                    + F("unreachable")
-                ),
-            ),
-        ]
-        ordering = ["pool_id", "resource"]
-
-    def __str__(self) -> str:
-        return f"{self.pool_id} {self.resource}"
+from core.models import Tenant
+from inventory.models import Pool
 
 
 class QuotaMode(models.TextChoices):
@@ -114,3 +60,19 @@ class QuotaUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}@{self.pool_id} {self.resource} {self.used}/{self.max}"
+
+
+class Offering(models.Model):
+    """The pool is offered to another tenant; its limits are the tenant's `QuotaUsage` rows."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="offerings")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="offerings")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # Created by `inventory`, which owned offerings until they joined their quotas here.
+        db_table = "inventory_offering"
+        constraints = [models.UniqueConstraint(fields=["pool", "tenant"], name="offering_unique_pool_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.pool} → {self.tenant_id}"

@@ -1,23 +1,30 @@
 """Offerings with their quotas, as operators manage them (`offerings/*`) and fleet files declare them.
 
-The offering row is inventory's (`inventory.services.registration`), its quota rows
-this app's (`ledger.quota`); a change of either goes through here, audited
-with its actor. Withdrawing needs the reservations, so it lives in
-`reservations.offerings`.
+The offering row and its quota rows (`ledger.quota`) are both this app's; a
+change of either goes through here, audited with its actor. Withdrawing is
+refused while the tenant holds live reservations, which the caller counts
+(`reservations.selectors.reservations_live_count`): the ledger sits below them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from core.errors import Conflict, InvalidInput, NotFound
 from core.models import Tenant
 from core.services import audit_record
-from inventory.models import Offering, Pool
+from inventory.models import Pool
 from inventory.services.pools import pool_mark_api_changed
-from inventory.services.registration import offering_ensure
+from ledger.models import Offering
+
+pass
+
+
+from django.db import transaction
+
 from ledger.models import QuotaUsage
-from ledger.quota import quota_limits_apply, quota_rows
+from ledger.quota import quota_limits_apply, quota_rows, quota_rows_lock, quota_rows_remove
 
 
 def offering_find(*, pool_id: str, tenant_id: str) -> Offering:
@@ -149,3 +156,50 @@ def offerings_payload(offerings: list[Offering]) -> list[dict[str, Any]]:
         }
         for offering in offerings
     ]
+
+
+def offering_ensure(*, pool_id: str, tenant_id: str) -> bool:
+    """Offer the pool to the tenant (once); whether it was offered now."""
+    _, created = Offering.objects.get_or_create(pool_id=pool_id, tenant_id=tenant_id)
+    return created
+
+
+def offering_remove(*, pool_id: str, tenant_id: str) -> bool:
+    """Take the offer back; whether there was one. The caller checks what may not be left behind."""
+    deleted, _ = Offering.objects.filter(pool_id=pool_id, tenant_id=tenant_id).delete()
+    return deleted > 0
+
+
+def offering_withdraw(
+    *, pool: Pool, tenant_id: str, actor: str, live_reservations: Callable[[], int]
+) -> None:
+    """Take the pool's offer to the tenant back, with its limits; CONFLICT while it holds live reservations.
+
+    Live: scheduled or active. Their tenant could no longer see the pool, nor
+    its quota give anything back to; it releases them first (or they end).
+    `live_reservations` counts them (the reservations sit above the ledger, so
+    the caller hands the count in, as a create hands its charge the peaks).
+    The tenant's quota rows are locked first, as a create's charge locks them,
+    so a create that charged before commits before the count, and one that
+    charges after finds no row.
+    """
+    with transaction.atomic():
+        offering_find(pool_id=pool.pk, tenant_id=tenant_id)
+        quota_rows_lock(pool_id=pool.pk, tenant_id=tenant_id)
+        count = live_reservations()
+        if count:
+            raise Conflict(
+                f"{tenant_id} holds {count} live reservations in this pool; they must be released"
+                " (or end) before the offering is withdrawn",
+                [{"field": "tenantId", "message": f"{count} live reservations", "liveReservations": count}],
+            )
+        quota_rows_remove(pool_id=pool.pk, tenant_id=tenant_id)
+        offering_remove(pool_id=pool.pk, tenant_id=tenant_id)
+        pool_mark_api_changed(pool_id=pool.pk)
+        audit_record(
+            actor=actor,
+            action="offering.withdraw",
+            subject_type="pool",
+            subject_id=pool.pk,
+            data={"tenant": tenant_id},
+        )

@@ -70,9 +70,12 @@ SELECT resource, max(in_use)::bigint
 
 
 def holdings_peaks(
-    *, tenant_id: str, pool_id: str, start: datetime, end: datetime, resources: Sequence[str]
+    resources: Sequence[str], *, tenant_id: str, pool_id: str, start: datetime, end: datetime
 ) -> dict[str, int]:
     """The tenant's peak use of each resource in the pool over [start, end), in one statement.
+
+    `resources` comes first so that the quota charge's `window_peaks` (called
+    with the resources alone) can be this function with the window bound.
 
     Includes what the calling transaction has booked and claimed itself, so a
     charge compares the peak with its new reservation in it. A resource held

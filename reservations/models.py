@@ -1,4 +1,5 @@
-"""Reservations, their allocations (one per node) and device bookings (one per atom)."""
+"""Reservations, their allocations (one per node), device bookings (one per atom), and the pools' capacity
+rollups those bookings move (one row per pool and resource)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from django.contrib.postgres.constraints import ExclusionConstraint
 from django.contrib.postgres.fields import DateTimeRangeField, RangeOperators
 from django.contrib.postgres.indexes import GistIndex
 from django.db import models
-from django.db.models import F, Func, Q
-from django.db.models.functions import Cast, Coalesce
+from django.db.models import F, Func, Q, Value
+from django.db.models.functions import Cast, Coalesce, Greatest
 
 from core import ids
 
@@ -311,3 +312,61 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.reservation_id}"
+
+
+# The counts of a rollup row, in the contract's order; the API, the CLI and the
+# admin all show these columns.
+ROLLUP_COUNTS = (
+    "total",
+    "allocatable",
+    "allocated",
+    "reserved",
+    "available",
+    "provisioning",
+    "unhealthy",
+    "maintenance",
+    "unreachable",
+)
+
+
+class PoolCapacityRollup(models.Model):
+    """One row per pool and resource; the only thing capacity reads ever scan."""
+
+    pool = models.ForeignKey("inventory.Pool", on_delete=models.CASCADE, related_name="rollups")
+    resource = models.CharField(max_length=16)
+    total = models.BigIntegerField(default=0)
+    allocatable = models.BigIntegerField(default=0)
+    allocated = models.BigIntegerField(default=0)
+    reserved = models.BigIntegerField(default=0)
+    provisioning = models.BigIntegerField(default=0)
+    unhealthy = models.BigIntegerField(default=0)
+    maintenance = models.BigIntegerField(default=0)
+    unreachable = models.BigIntegerField(default=0)
+    # Conservative on purpose: an atom booked now and later counts in both.
+    available = models.GeneratedField(
+        expression=Greatest(Value(0), F("allocatable") - F("allocated") - F("reserved")),
+        output_field=models.BigIntegerField(),
+        db_persist=True,
+    )
+    updated_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
+    rebuilt_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pool_capacity_rollup"
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "resource"], name="rollup_unique_pool_resource"),
+            models.CheckConstraint(
+                name="rollup_total_is_sum",
+                condition=Q(
+                    total=F("allocatable")
+                    + F("provisioning")
+                    + F("unhealthy")
+                    + F("maintenance")
+                    + F("unreachable")
+                ),
+            ),
+        ]
+        ordering = ["pool_id", "resource"]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id} {self.resource}"

@@ -8,8 +8,6 @@ notice has run out.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from datetime import datetime
 from typing import Any
@@ -27,8 +25,9 @@ from django.db.models import (
 from django.db.models.expressions import RawSQL
 
 from core.constants import RESERVATION_ID_REGEX
+from core.cursors import cursor_decode, cursor_encode, cursor_invalid, cursor_time
 from core.errors import InvalidInput, NotFound
-from reservations.models import Allocation, DeviceBooking, Reservation
+from reservations.models import Allocation, DeviceBooking, Reservation, ReservationState
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
@@ -107,19 +106,15 @@ def reservation_get(*, tenant_id: str, reservation_id: str) -> Reservation:
 
 
 def encode_cursor(created_at: datetime, reservation_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{reservation_id}".encode()).decode()
+    return cursor_encode(created_at.isoformat(), reservation_id)
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     """The (created_at, id) an `encode_cursor` wrote; anything else (a NUL, a naive time) is INVALID_INPUT."""
-    try:
-        text = base64.urlsafe_b64decode(cursor.encode()).decode()
-        created, reservation_id = text.split("|", 1)
-        created_at = datetime.fromisoformat(created)
-    except (ValueError, binascii.Error, UnicodeError) as exc:
-        raise InvalidInput.field("cursor", "is not a cursor this API returned") from exc
-    if created_at.tzinfo is None or re.fullmatch(RESERVATION_ID_REGEX, reservation_id) is None:
-        raise InvalidInput.field("cursor", "is not a cursor this API returned")
+    created, reservation_id = cursor_decode(cursor, count=2)
+    created_at = cursor_time(created)
+    if re.fullmatch(RESERVATION_ID_REGEX, reservation_id) is None:
+        raise cursor_invalid()
     return created_at, reservation_id
 
 
@@ -217,3 +212,10 @@ def reservation_at_risk(reservation: Reservation, *, state: str) -> dict[str, An
     if reservation.at_risk_since is None or state not in ("scheduled", "active"):
         return None
     return {"reason": reservation.at_risk_reason, "since": to_millis(reservation.at_risk_since)}
+
+
+def reservations_live_count(*, pool_id: str, tenant_id: str) -> int:
+    """How many of the tenant's reservations in the pool are live (scheduled or active)."""
+    return Reservation.objects.filter(
+        pool_id=pool_id, tenant_id=tenant_id, state__in=[ReservationState.SCHEDULED, ReservationState.ACTIVE]
+    ).count()

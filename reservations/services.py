@@ -1,4 +1,4 @@
-"""Reservation writes: create (idempotent, optionally waiting), release, renew, lease expiry.
+"""Reservation writes: create (idempotent, optionally waiting), release, renew.
 
 One transaction per create holds everything that belongs together: the
 reservation row, its allocations and bookings, the scalar claims, the quota
@@ -16,45 +16,39 @@ statement, and the worker is woken on its channel (`WORKER_CHANNEL`) by every
 write that brings one of its deadlines closer: a create (its end, a lease, a
 start, the delivery's retry), a renew, a delivery that failed.
 
-The time-driven services (`lease_expire_due`, `reservation_settle_ended`) take
-one reservation per transaction, `FOR UPDATE SKIP LOCKED`, so several workers
-share the work and none waits on a row another holds; the worker sleeps until
-`reservations_next_deadline()`.
+A node that refuses a delivered assignment (guard 6, `assignment_refused`)
+has its reservation released here: the delivery sends the signal and never
+imports this module, which writes its rows. The time-driven work (lease
+expiry, settling ended reservations) is `reservations.lifecycle.deadlines`'s.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, connection, transaction
+from django.dispatch import receiver
 
 from core.constants import DEADLOCK_DETECTED, WORKER_CHANNEL
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
 from core.services import audit_record
 from inventory.models import Pool
-from reservations.delivery.daemon import daemon_behind, daemon_deliver, daemon_shorten
-from reservations.delivery.outbox import (
-    deliver_after_commit,
-    delivery_enqueue,
-    delivery_params,
-    enqueue_sql,
-    outbox_deliver_due,
-)
+from reservations.delivery.daemon import AllocationFailed
+from reservations.delivery.outbox import deliver_after_commit, delivery_enqueue, delivery_params, enqueue_sql
+from reservations.delivery.sending import assignment_refused
 from reservations.models import DeliveryKind, Reservation
-from reservations.placer.commit import placement_charge, placement_commit, reservation_cut
+from reservations.placer.commit import placement_charge, placement_commit
+from reservations.placer.cut import reservation_cut
 from reservations.placer.plan import placement_window
 from reservations.request.parse import canonical_request_digest
 from reservations.request.resolve import reservation_request_check
 from reservations.request.types import ReservationRequest
 from reservations.waits import LISTENER, RELEASE_CHANNEL, wait_for_release, wait_slot
-
-logger = logging.getLogger(__name__)
 
 RELEASE_ATTEMPTS = 3
 IDEMPOTENCY_CONSTRAINT = "reservation_unique_idempotency_key"
@@ -377,170 +371,8 @@ def reservation_renew(*, reservation: Reservation, actor: str) -> Reservation:
     return locked
 
 
-def _one_at_a_time(*, pick_sql: str, act: Any, limit: int) -> int:
-    """Run `act(row)` on each row `pick_sql` picks, one per transaction; return how many were done.
-
-    `pick_sql` locks one row `FOR UPDATE SKIP LOCKED` (a row another worker, a
-    release or a renew holds is left alone) and excludes the ids in its one
-    parameter, those already tried by this call, so a call always ends. A
-    transaction PostgreSQL chose as a deadlock victim (a release locks nodes and
-    scalar rows that a gang placement may hold) is tried again, a few times.
-    """
-    done = 0
-    tried: list[str] = []
-    failures: dict[str, int] = {}
-    while len(tried) < limit:
-        row = None
-        try:
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute(pick_sql, [tried])
-                    row = cursor.fetchone()
-                if row is None:
-                    return done
-                if act(row):
-                    done += 1
-                tried.append(row[0])
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED or row is None:
-                raise
-            failures[row[0]] = failures.get(row[0], 0) + 1
-            if failures[row[0]] >= RELEASE_ATTEMPTS:
-                logger.warning(
-                    "reservation %s lost %d deadlocks; left for the next run", row[0], RELEASE_ATTEMPTS
-                )
-                tried.append(row[0])
-    return done
-
-
-# A live lease whose deadline passed, before the reservation's end (a reservation that
-# reached its end is settled instead), earliest first through `reservation_lease_live`.
-_LEASE_DUE_SQL = """
-SELECT id FROM reservations_reservation
- WHERE state IN ('scheduled', 'active') AND lease_expires_at IS NOT NULL
-   AND lease_expires_at <= compute_now() AND ends_at > compute_now() AND id <> ALL(%s)
- ORDER BY lease_expires_at
- LIMIT 1
-   FOR UPDATE SKIP LOCKED
-"""
-
-
-def lease_expire_due(*, limit: int = 500) -> int:
-    """Release live reservations whose lease passed unrenewed; return how many (a worker job).
-
-    Each in its own transaction (a release locks the reservation's nodes and
-    scalar rows; several in one transaction could deadlock with node changes),
-    through the same release as the API's, so waiting creates of the pool wake
-    and the nodes are told.
-    """
-
-    def expire(row: tuple[Any, ...]) -> bool:
-        released = _release_once(
-            reservation_id=row[0], actor="lease-reconciler", reason="lease expired", tenant_id=None
-        )
-        return released.state == "released"
-
-    return _one_at_a_time(pick_sql=_LEASE_DUE_SQL, act=expire, limit=limit)
-
-
-# A live reservation that reached its end, earliest first through `reservation_live_ends`.
-_ENDED_DUE_SQL = """
-SELECT id, pool_id, tenant_id, ends_at, compute_now() FROM reservations_reservation
- WHERE state IN ('scheduled', 'active') AND ends_at <= compute_now() AND id <> ALL(%s)
- ORDER BY ends_at
- LIMIT 1
-   FOR UPDATE SKIP LOCKED
-"""
-
-# The settled reservation's state, and the waiting creates of its pool woken at commit.
-_SETTLED_SQL = """
-WITH ended AS (UPDATE reservations_reservation SET state = 'ended' WHERE id = %s RETURNING pool_id)
-SELECT pg_notify(%s, pool_id) FROM ended
-"""
-
-
-def reservation_settle_ended(*, limit: int = 500) -> int:
-    """Give back the scalars and quota of reservations that ran to their end; return how many.
-
-    One reservation per transaction. Their bookings stay as they are
-    (history); only the claims held for the duration are returned, once (the
-    allocations' `released` flag), and the creates waiting on the pool wake:
-    the quota and the scalars given back may be what they wait for.
-    """
-
-    def settle(row: tuple[Any, ...]) -> bool:
-        reservation_id, pool_id, tenant_id, ends_at, now = row
-        reservation_cut(
-            reservation_id=reservation_id, at=ends_at, now=now, pool_id=pool_id, tenant_id=tenant_id
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(_SETTLED_SQL, [reservation_id, RELEASE_CHANNEL])
-        return True
-
-    return _one_at_a_time(pick_sql=_ENDED_DUE_SQL, act=settle, limit=limit)
-
-
-def reservations_next_deadline() -> datetime | None:
-    """The earliest live lease expiry or live reservation end (the worker's schedule); None when none.
-
-    Two index probes (`reservation_lease_live`, `reservation_live_ends`) in one statement.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT LEAST("
-            " (SELECT min(lease_expires_at) FROM reservations_reservation"
-            "   WHERE state IN ('scheduled', 'active') AND lease_expires_at IS NOT NULL),"
-            " (SELECT min(ends_at) FROM reservations_reservation WHERE state IN ('scheduled', 'active')))"
-        )
-        row = cursor.fetchone()
-    return None if row is None else row[0]
-
-
-def delivery_send(*, reservation_id: str, kind: str) -> None:
-    """Tell the nodes one outbox row's news (the outbox calls this); raises when a node cannot be reached.
-
-    "assign" sends the reservation's assignments, releasing it if a node
-    refuses (guard 6); "shorten" brings the nodes' records in line with its
-    cut bookings.
-    """
-    if kind == DeliveryKind.ASSIGN:
-        reservation_deliver(reservation_id=reservation_id)
-    else:
-        daemon_shorten(reservation_id=reservation_id)
-
-
-def reservation_deliver(*, reservation_id: str) -> bool:
-    """Tell the nodes about a committed reservation; release it if a node refuses (guard 6).
-
-    True if every node accepted (or the reservation no longer runs, so there
-    is nothing to tell). The release writes its own "shorten" delivery, which
-    drops what the other nodes of a gang accepted.
-    """
-    if not Reservation.objects.filter(pk=reservation_id, state__in=["scheduled", "active"]).exists():
-        return True
-    refusal = daemon_deliver(reservation_id=reservation_id)
-    if refusal is None:
-        return True
+@receiver(assignment_refused, sender=Reservation, dispatch_uid="reservations.services.release_refused")
+def release_refused(*, reservation_id: str, refusal: AllocationFailed, **_: Any) -> None:
+    """Guard 6: a node refused the reservation's assignment, so it is released (by "node")."""
     reservation = Reservation.objects.get(pk=reservation_id)
     reservation_release(reservation=reservation, actor="node", reason=f"AllocationFailed: {refusal}")
-    return False
-
-
-def reservations_redeliver(*, limit: int = 500) -> int:
-    """Catch the nodes up on live reservations they lack or hold uncut; return how many were behind.
-
-    Not scheduled: the outbox delivers every change. This is the resync for a
-    node that lost its own record (reinstalled, restored from an old backup).
-    """
-    behind = daemon_behind(limit=limit)
-    for reservation_id in behind:
-        daemon_shorten(reservation_id=reservation_id)
-        reservation_deliver(reservation_id=reservation_id)
-    return len(behind)
-
-
-def reservations_reconcile() -> None:
-    """The reservations' time-driven work in one pass: due leases, ended reservations, due deliveries."""
-    lease_expire_due()
-    reservation_settle_ended()
-    outbox_deliver_due()

@@ -1,13 +1,13 @@
 """The one-off pass of `rebuild_rollups`: the reservations' time-driven work, then every pool's rebuild.
 
-The always-on loop is the worker (`worker.jobs`, `manage.py worker`); this
+The always-on loop is the worker (`worker.loop`, `manage.py worker`); this
 is what an operator runs by hand to bring everything up to date at once. It
 holds the rebuild's advisory lock (`core.locks.ADVISORY_LOCK_KEYS["rollup-reconciler"]`),
 the one the worker's periodic rebuild takes too, so one rebuild runs at a
 time and a second caller skips instead of waiting.
 
 It first runs the reservations' time-driven work
-(`reservations.services.reservations_reconcile`: due leases, ended
+(`reservations.lifecycle.deadlines.reservations_reconcile`: due leases, ended
 reservations, due deliveries) and the rate-window prune, then rebuilds, so
 the rebuilt numbers already reflect what it released. That work manages its
 own transactions; if it raises, the error is logged and the rebuild still runs.
@@ -22,8 +22,8 @@ from django.db import connection
 
 from core.locks import ADVISORY_LOCK_KEYS
 from core.ratelimit import rate_windows_prune
+from reservations.lifecycle.deadlines import reservations_reconcile
 from reservations.rollups.recount import rollup_rebuild_all
-from reservations.services import reservations_reconcile
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 
 from capacity.models import HourlyUsage
-from capacity.usage import HOUR, MAX_HOURS, UsageScope, UsageWindow, hour_floor, usage_csv_write, usage_rows
+from capacity.selectors.usage import MAX_HOURS, UsageScope, UsageWindow, usage_csv_write, usage_rows
+from capacity.usage import HOUR, hour_floor
 from core.admin import ReadOnlyAdmin
 from core.clock import compute_now
 

@@ -1,18 +1,14 @@
 """`capacity/{preview,explain,earliest}`: the placer asked about a reservation request, nothing written.
 
-Each method: validate the body, decide (`core.decisions`), call one service or
-selector, serialize. `create` and `preview` take the same body through one path,
-`reservations.request.resolve.reservation_request_resolve` (parse, decide on the
-pool, the project, the pool's sharing mode), so they never disagree on it.
+Each method takes the `reservations/create` body through the one path create
+uses, `reservations.request.resolve.reservation_request_resolve` (parse, decide
+on the pool, the project, the pool's sharing mode), so preview and create never
+disagree on it; then it calls one selector and serializes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 from drf_spectacular.utils import OpenApiExample
-from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -27,57 +23,123 @@ from capacity.api.serializers import (
     earliest_input_split,
 )
 from capacity.selectors.planning import capacity_earliest, capacity_explain, capacity_preview
-from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_output
+from core.api.rpc import RpcViewSet, rpc_action, rpc_output
 from core.authentication import principal_of
 from core.decisions import CAPACITY_READ
-from reservations.api.serializers import (
-    ReservationOutput,
-    ReservationRefInput,
-    ReservationRequestSerializer,
-)
-from reservations.request.resolve import reservation_request_resolve
-from reservations.selectors import reservation_get, reservation_payload
+from reservations.request.resolve import reservation_request_resolve, resolve_refusals
+from reservations.request.serializers import ReservationRequestSerializer
 
-F = TypeVar("F", bound=Callable[..., Any])
+EXPLAIN_EXAMPLES = [
+    OpenApiExample(
+        "Why do 4 GPUs with 80 GiB not fit?",
+        request_only=True,
+        value={
+            "tenantId": "acme",
+            "poolId": "pool_01hzy5v6k8d9c0m7w3q2r1t4ab",
+            "devices": [{"class": "gpu", "count": 4, "selector": {"vramGiB": {"gte": 80}}}],
+            "duration": "1h",
+            "resources": {"vcpu": 8},
+            "idempotencyKey": "why-1",
+        },
+    ),
+    OpenApiExample(
+        "Two of six nodes fit",
+        response_only=True,
+        value={
+            "nodes": 6,
+            "removed": {
+                "notSchedulable": {"maintenance": 1},
+                "scalars": 1,
+                "selector": 1,
+                "noFreeAtoms": 1,
+                "topology": 0,
+            },
+            "fit": 2,
+            "samples": {
+                "notSchedulable": [
+                    {
+                        "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4cd",
+                        "reason": "maintenance; cordoned: RMA 1234",
+                    }
+                ],
+                "scalars": [
+                    {
+                        "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4ce",
+                        "reason": "vcpu 60 of 64 claimed, 8 asked",
+                    }
+                ],
+                "selector": [
+                    {
+                        "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4cf",
+                        "reason": "0 gpu atoms match the selector, 4 gpu asked",
+                    }
+                ],
+                "noFreeAtoms": [
+                    {
+                        "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4cg",
+                        "reason": "3 of 8 free for the window, 4 gpu asked; GPU-3 booked until "
+                        "2026-12-01T14:00:00Z",
+                    }
+                ],
+            },
+            "preview": {
+                "fits": True,
+                "start": 1796092200000,
+                "end": 1796095800000,
+                "candidates": [
+                    {
+                        "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4ch",
+                        "atoms": ["GPU-0", "GPU-1"],
+                        "score": 0.9,
+                    }
+                ],
+                "reason": None,
+                "preemptible": None,
+            },
+        },
+    ),
+]
 
-CONFLICTS: dict[int, type[serializers.Serializer]] = {409: ErrorSerializer}
 
-
-def _reservation_action(
-    method: str,
-    summary: str,
-    description: str = "",
-    errors: dict[int, type[serializers.Serializer]] | None = None,
-) -> Callable[[F], F]:
-    """`get`, `release` and `renew`: `{tenantId, reservationId}` in, the reservation out."""
-    return rpc_action(
-        method,
-        request=ReservationRefInput,
-        response=ReservationOutput,
-        summary=summary,
-        description=description,
-        errors=errors,
-    )
-
-
-def _decided_on_pool(twin: str) -> str:
-    """The refusals `create` and `preview` share (`reservation_request_resolve`); each names the other."""
-    return (
-        "Decided on the pool; NOT_FOUND for a `projectId` that is not the tenant's, INVALID_INPUT for a "
-        f"device class or `sharing` the pool's sharing mode never serves, as `{twin}` answers."
-    )
-
-
-def _reservation_response(tenant_id: str, reservation_id: str, *, status: int = 200) -> Response:
-    reservation = reservation_get(tenant_id=tenant_id, reservation_id=reservation_id)
-    # `reservation_payload` already answers in the contract's shape (plain ints
-    # and strings); `ReservationOutput` documents it (OpenAPI) without a second
-    # pass through DRF fields on the hot path.
-    return Response(reservation_payload(reservation), status=status)
+EARLIEST_EXAMPLES = [
+    OpenApiExample(
+        "A 4x8 gang for a day, within the next week",
+        request_only=True,
+        value={
+            "tenantId": "acme",
+            "poolId": "pool_01hzy5v6k8d9c0m7w3q2r1t4ab",
+            "devices": [{"class": "gpu", "count": 8}],
+            "gang": {"size": 4},
+            "duration": "1d",
+            "horizon": "7d",
+            "idempotencyKey": "plan-2026-12-01",
+        },
+    ),
+    OpenApiExample(
+        "It fits in 12 hours",
+        response_only=True,
+        value={
+            "fits": True,
+            "start": 1796135400000,
+            "end": 1796221800000,
+            "candidates": [
+                {
+                    "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4cd",
+                    "atoms": ["gpu-0", "gpu-1"],
+                    "score": 0.93,
+                }
+            ],
+            "reason": None,
+            "searchedFrom": 1796092200000,
+            "searchedTo": 1796697000000,
+            "instantsTried": 2,
+        },
+    ),
+]
 
 
 class PlanningViewSet(RpcViewSet):
-    """`capacity/preview`: the placer on a reservation request, nothing written."""
+    """`capacity/preview`, `explain` and `earliest`: the placer on a reservation request, nothing written."""
 
     @rpc_action(
         "preview",
@@ -89,7 +151,7 @@ class PlanningViewSet(RpcViewSet):
             "checked. Up to 10 ranked candidates; with `gang` the members of the best gang; with "
             "`binding: node` the whole nodes. `preemptible` gives how many spot reservations a regular "
             "request would displace and when it would start, never their ids. "
-            + _decided_on_pool("reservations/create")
+            + resolve_refusals("reservations/create")
         ),
     )
     def preview(self, request: Request) -> Response:
@@ -112,79 +174,10 @@ class PlanningViewSet(RpcViewSet):
             "gang's label); the rest `fit`, so the counts add up to `nodes`. Up to 10 nodes per filter "
             "come with the precise reason, naming atoms, counts and times, never a booking or another "
             "tenant's reservation. `preview` is what capacity.preview answers for the same request. "
-            + _decided_on_pool("reservations/create")
+            + resolve_refusals("reservations/create")
             + " NOT_FOUND too when `nodeId` is not a node of the pool."
         ),
-        examples=[
-            OpenApiExample(
-                "Why do 4 GPUs with 80 GiB not fit?",
-                request_only=True,
-                value={
-                    "tenantId": "acme",
-                    "poolId": "pool_01hzy5v6k8d9c0m7w3q2r1t4ab",
-                    "devices": [{"class": "gpu", "count": 4, "selector": {"vramGiB": {"gte": 80}}}],
-                    "duration": "1h",
-                    "resources": {"vcpu": 8},
-                    "idempotencyKey": "why-1",
-                },
-            ),
-            OpenApiExample(
-                "Two of six nodes fit",
-                response_only=True,
-                value={
-                    "nodes": 6,
-                    "removed": {
-                        "notSchedulable": {"maintenance": 1},
-                        "scalars": 1,
-                        "selector": 1,
-                        "noFreeAtoms": 1,
-                        "topology": 0,
-                    },
-                    "fit": 2,
-                    "samples": {
-                        "notSchedulable": [
-                            {
-                                "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4cd",
-                                "reason": "maintenance; cordoned: RMA 1234",
-                            }
-                        ],
-                        "scalars": [
-                            {
-                                "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4ce",
-                                "reason": "vcpu 60 of 64 claimed, 8 asked",
-                            }
-                        ],
-                        "selector": [
-                            {
-                                "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4cf",
-                                "reason": "0 gpu atoms match the selector, 4 gpu asked",
-                            }
-                        ],
-                        "noFreeAtoms": [
-                            {
-                                "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4cg",
-                                "reason": "3 of 8 free for the window, 4 gpu asked; GPU-3 booked until "
-                                "2026-12-01T14:00:00Z",
-                            }
-                        ],
-                    },
-                    "preview": {
-                        "fits": True,
-                        "start": 1796092200000,
-                        "end": 1796095800000,
-                        "candidates": [
-                            {
-                                "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4ch",
-                                "atoms": ["GPU-0", "GPU-1"],
-                                "score": 0.9,
-                            }
-                        ],
-                        "reason": None,
-                        "preemptible": None,
-                    },
-                },
-            ),
-        ],
+        examples=EXPLAIN_EXAMPLES,
     )
     def explain(self, request: Request) -> Response:
         body = request.data
@@ -213,43 +206,9 @@ class PlanningViewSet(RpcViewSet):
             "capacity.preview would give at that start; or `fits: false` and the reason. The search "
             "looks only at `from` and the instants where a booking of a usable atom ends, so the start "
             "is exact to the millisecond: a create at `start` fits, and nothing earlier does. Nothing is "
-            "written and no quota is checked. " + _decided_on_pool("reservations/create")
+            "written and no quota is checked. " + resolve_refusals("reservations/create")
         ),
-        examples=[
-            OpenApiExample(
-                "A 4x8 gang for a day, within the next week",
-                request_only=True,
-                value={
-                    "tenantId": "acme",
-                    "poolId": "pool_01hzy5v6k8d9c0m7w3q2r1t4ab",
-                    "devices": [{"class": "gpu", "count": 8}],
-                    "gang": {"size": 4},
-                    "duration": "1d",
-                    "horizon": "7d",
-                    "idempotencyKey": "plan-2026-12-01",
-                },
-            ),
-            OpenApiExample(
-                "It fits in 12 hours",
-                response_only=True,
-                value={
-                    "fits": True,
-                    "start": 1796135400000,
-                    "end": 1796221800000,
-                    "candidates": [
-                        {
-                            "nodeId": "node_01hzy5v6k8d9c0m7w3q2r1t4cd",
-                            "atoms": ["gpu-0", "gpu-1"],
-                            "score": 0.93,
-                        }
-                    ],
-                    "reason": None,
-                    "searchedFrom": 1796092200000,
-                    "searchedTo": 1796697000000,
-                    "instantsTried": 2,
-                },
-            ),
-        ],
+        examples=EARLIEST_EXAMPLES,
     )
     def earliest(self, request: Request) -> Response:
         body, search = earliest_input_split(request.data)

@@ -8,18 +8,13 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from capacity.selectors.pools import SUMMED_FIELDS
-from core.api import (
-    StrictRegexField,
-    StrictSerializer,
-    pool_id_field,
-    tenant_id_field,
-)
+from core.api.fields import StrictRegexField, StrictSerializer, pool_id_field, tenant_id_field
 from core.constants import MAX_TIME_MS, NODE_ID_REGEX
 from core.durations import DurationError, parse_duration
 from core.errors import InvalidInput
-from ledger.models import ROLLUP_COUNTS
-from reservations.api.serializers import ReservationRequestSerializer, bounded_int
+from reservations.models import ROLLUP_COUNTS
 from reservations.request.parse import invalid_input
+from reservations.request.serializers import ReservationRequestSerializer, bounded_int
 from reservations.request.types import START_GRACE_MS, start_horizon_message, start_horizon_seconds
 
 

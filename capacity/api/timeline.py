@@ -8,16 +8,14 @@ from rest_framework.response import Response
 
 from capacity.api.views import pool_read_input
 from capacity.selectors.timeline import MAX_STEP_MINUTES, MIN_STEP_MINUTES, timeline_compute
-from core.api import (
-    RpcViewSet,
+from core.api.fields import (
     StrictIntegerField,
     StrictSerializer,
     pool_id_field,
-    rpc_action,
-    rpc_output,
     tenant_id_field,
     time_ms_field,
 )
+from core.api.rpc import RpcViewSet, rpc_action, rpc_output
 
 
 class TimelineInput(StrictSerializer):

@@ -9,25 +9,23 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from capacity.usage import DEFAULT_LIMIT, MAX_LIMIT, usage_hourly, usage_window
-from core.api import (
-    RpcViewSet,
+from capacity.selectors.usage import DEFAULT_LIMIT, MAX_LIMIT, usage_hourly, usage_window
+from core.api.fields import (
     StrictCharField,
     StrictIntegerField,
     StrictRegexField,
     StrictSerializer,
     pool_id_field,
-    rpc_action,
-    rpc_input,
     tenant_id_field,
     time_ms_field,
 )
+from core.api.rpc import RpcViewSet, rpc_action, rpc_input
 from core.authentication import principal_of
 from core.constants import PROJECT_ID_REGEX
 from core.decisions import RESERVATIONS_READ, decide_tenant
 from core.errors import NotFound
-from inventory.access import decide_pool
 from inventory.models import Project
+from ledger.access import decide_pool
 
 
 class UsageHourlyInput(StrictSerializer):

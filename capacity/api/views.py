@@ -10,11 +10,12 @@ from rest_framework.response import Response
 
 from capacity.api.serializers import ByPoolInput, ByPoolOutput, SummaryInput, SummaryOutput
 from capacity.selectors.pools import capacity_summary, pool_capacity, pool_fragmentation
-from core.api import RpcViewSet, StrictSerializer, rpc_action, rpc_input, rpc_tenant_input
+from core.api.fields import StrictSerializer
+from core.api.rpc import RpcViewSet, rpc_action, rpc_input, rpc_tenant_input
 from core.authentication import principal_of
 from core.decisions import CAPACITY_READ
-from inventory.access import decide_pool
 from inventory.models import Pool
+from ledger.access import decide_pool
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -45,8 +45,7 @@ def capacity_preview(*, request: ReservationRequest, pool: Pool) -> dict[str, An
     the CLI's, which builds the class from the pool): nothing is checked here.
     """
     from core.clock import to_millis
-    from reservations.placer.commit import plan_for_preview
-    from reservations.placer.plan import placement_window
+    from reservations.placer.plan import placement_window, plan_for_preview
 
     window = placement_window(request=request)
     plan, displacing = plan_for_preview(request=request, pool=pool, window=window)

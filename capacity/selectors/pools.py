@@ -15,11 +15,10 @@ from django.db.models import Count, DateTimeField, Func, IntegerField, QuerySet,
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
-from inventory.access import visible_pools
 from inventory.choices import CLASS_SHARING, GPU_ATOM_CLASSES
 from inventory.schedulability import schedulable_sql
-from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup
-from reservations.models import Reservation
+from ledger.access import visible_pools
+from reservations.models import ROLLUP_COUNTS, PoolCapacityRollup, Reservation
 
 OTHER_GPU_MODEL = "other"
 # What `byGpuModel` adds up, from each pool's `gpu` row only.

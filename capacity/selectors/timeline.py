@@ -25,8 +25,7 @@ from core.clock import compute_now, to_millis
 from core.constants import MAX_TIME_MS
 from core.errors import InvalidInput
 from inventory.models import Device, Node, Pool
-from ledger.models import PoolCapacityRollup
-from reservations.models import DeviceBooking
+from reservations.models import DeviceBooking, PoolCapacityRollup
 
 DEFAULT_SPAN_MS = 24 * 3600 * 1000
 MAX_SPAN_MS = 7 * 24 * 3600 * 1000

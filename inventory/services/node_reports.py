@@ -222,124 +222,162 @@ def inventory_apply_reports(
     items = list(items)
     if not items:
         return ReportsApplied(layout_changes=[])
-    ratios = ratios or {}
     with transaction.atomic():
         ids = sorted({node.pk for node, _ in items})
-        # FOR UPDATE on the node rows, in id order so two batches cannot deadlock:
-        # two reports for one node serialize, and the placer's FOR SHARE on the node
-        # (guard 4) waits for the new devices rather than placing on the old ones.
-        locked = {
-            n.pk: n
-            for n in Node.objects.select_for_update(of=("self",))
-            .select_related("pool")
-            .filter(pk__in=ids)
-            .order_by("pk")
-        }
-        missing = [pk for pk in ids if pk not in locked]
-        if missing:
-            raise NotFound(f"node {missing[0]} does not exist")
-        bad = [
-            {"field": "hostname", "message": f"report is for {report.hostname}, not {node.hostname}"}
-            for node, report in items
-            if node.pk in locked and locked[node.pk].hostname != report.hostname
-        ]
-        if bad:
-            raise InvalidInput(bad[0]["message"], bad)
-
-        wants: list[_Want] = []
-        for node, report in items:
-            current = locked[node.pk]
-            wants.extend(_desired_devices(node=current, pool=current.pool, report=report))
-        want_by_uid = {w.uid: w for w in wants}
-        if len(want_by_uid) != len(wants):
-            dupes = sorted(uid for uid, n in Counter(w.uid for w in wants).items() if n > 1)
-            raise InvalidInput(
-                f"two nodes in one batch report the same device {dupes[0]}",
-                [{"field": "uid", "message": f"{uid} is reported twice"} for uid in dupes],
-            )
-
+        locked = _nodes_lock(ids=ids, items=items)
+        wants = _wanted_devices(items=items, locked=locked)
         existing = _fetch_existing(ids)
         by_uid = {row["uid"]: row for row in existing}
-        _refuse_foreign_uids([uid for uid in want_by_uid if uid not in by_uid])
+        _refuse_foreign_uids([w.uid for w in wants if w.uid not in by_uid])
 
         changed_gpus, old_atoms = _layout_changes(wants=wants, existing=existing, by_uid=by_uid)
+        ids_by_uid = _devices_upsert(wants=wants, existing=existing, by_uid=by_uid)
+        gone = _devices_vanish(existing=existing, want_uids={w.uid for w in wants})
+        layout_changes = _layout_changes_record(
+            changed_gpus=changed_gpus, old_atoms=old_atoms, ids_by_uid=ids_by_uid, wants=wants, actor=actor
+        )
+        _upsert_resources(items=items, ratios=ratios or {})
+        if connect:
+            _nodes_connect(ids=ids, locked=locked, actor=actor)
+        logger.debug("applied %d reports for %s (%d devices vanished)", len(items), actor, gone)
+        return ReportsApplied(layout_changes=layout_changes)
 
-        # Upsert what is new, changed or coming back; parents first so children can name them.
-        ids_by_uid = {row["uid"]: row["id"] for row in existing}
 
-        def dirty(w: _Want, parent_id: int | None) -> bool:
-            row = by_uid.get(w.uid)
-            return (
-                row is None
-                or row["vanished_at"] is not None
-                or row["node_id"] != w.node_id
-                or row["device_class"] != w.device_class
-                or row["parent_id"] != parent_id
-                or row["bookable"] != w.bookable
-                or row["attributes"] != w.attributes
+def _nodes_lock(*, ids: list[str], items: list[tuple[Node, NodeReport]]) -> dict[str, Node]:
+    """The node rows locked `FOR UPDATE` with their pools; NOT_FOUND for a missing node.
+
+    In id order so two batches cannot deadlock: two reports for one node
+    serialize, and the placer's FOR SHARE on the node (guard 4) waits for the
+    new devices rather than placing on the old ones. A report for another
+    hostname than the node's is INVALID_INPUT.
+    """
+    locked = {
+        n.pk: n
+        for n in Node.objects.select_for_update(of=("self",))
+        .select_related("pool")
+        .filter(pk__in=ids)
+        .order_by("pk")
+    }
+    missing = [pk for pk in ids if pk not in locked]
+    if missing:
+        raise NotFound(f"node {missing[0]} does not exist")
+    bad = [
+        {"field": "hostname", "message": f"report is for {report.hostname}, not {node.hostname}"}
+        for node, report in items
+        if node.pk in locked and locked[node.pk].hostname != report.hostname
+    ]
+    if bad:
+        raise InvalidInput(bad[0]["message"], bad)
+    return locked
+
+
+def _wanted_devices(*, items: list[tuple[Node, NodeReport]], locked: dict[str, Node]) -> list[_Want]:
+    """Every device the batch's reports imply; a uid two nodes report is INVALID_INPUT."""
+    wants: list[_Want] = []
+    for node, report in items:
+        current = locked[node.pk]
+        wants.extend(_desired_devices(node=current, pool=current.pool, report=report))
+    counts = Counter(w.uid for w in wants)
+    if len(counts) != len(wants):
+        dupes = sorted(uid for uid, n in counts.items() if n > 1)
+        raise InvalidInput(
+            f"two nodes in one batch report the same device {dupes[0]}",
+            [{"field": "uid", "message": f"{uid} is reported twice"} for uid in dupes],
+        )
+    return wants
+
+
+def _devices_upsert(
+    *, wants: list[_Want], existing: list[dict[str, Any]], by_uid: dict[str, dict[str, Any]]
+) -> dict[str, int]:
+    """Write what is new, changed or coming back, parents first so children can name them; every id by uid."""
+    ids_by_uid = {row["uid"]: row["id"] for row in existing}
+
+    def dirty(w: _Want, parent_id: int | None) -> bool:
+        row = by_uid.get(w.uid)
+        return (
+            row is None
+            or row["vanished_at"] is not None
+            or row["node_id"] != w.node_id
+            or row["device_class"] != w.device_class
+            or row["parent_id"] != parent_id
+            or row["bookable"] != w.bookable
+            or row["attributes"] != w.attributes
+        )
+
+    tops = [(w, None) for w in wants if w.parent_uid is None]
+    ids_by_uid.update(_upsert([(w, p) for w, p in tops if dirty(w, p)]))
+    children = [(w, ids_by_uid[w.parent_uid]) for w in wants if w.parent_uid is not None]
+    ids_by_uid.update(_upsert([(w, p) for w, p in children if dirty(w, p)]))
+    return ids_by_uid
+
+
+def _devices_vanish(*, existing: list[dict[str, Any]], want_uids: set[str]) -> int:
+    """Devices no longer reported: unbookable and unhealthy, never deleted (bookings refer to them)."""
+    gone = [row["id"] for row in existing if row["uid"] not in want_uids and row["vanished_at"] is None]
+    if gone:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE inventory_device
+                   SET bookable = false, healthy = false, vanished_at = compute_now(), updated_at = now()
+                 WHERE id = ANY(%s)
+                """,
+                [gone],
             )
+    return len(gone)
 
-        tops = [(w, None) for w in wants if w.parent_uid is None]
-        ids_by_uid.update(_upsert([(w, p) for w, p in tops if dirty(w, p)]))
-        children = [(w, ids_by_uid[w.parent_uid]) for w in wants if w.parent_uid is not None]
-        ids_by_uid.update(_upsert([(w, p) for w, p in children if dirty(w, p)]))
 
-        # Devices no longer reported: unbookable and unhealthy, never deleted (bookings refer to them).
-        gone = [row["id"] for row in existing if row["uid"] not in want_by_uid and row["vanished_at"] is None]
-        if gone:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    """
-                    UPDATE inventory_device
-                       SET bookable = false, healthy = false, vanished_at = compute_now(), updated_at = now()
-                     WHERE id = ANY(%s)
-                    """,
-                    [gone],
-                )
+def _layout_changes_record(
+    *,
+    changed_gpus: dict[str, str],
+    old_atoms: dict[int, str],
+    ids_by_uid: dict[str, int],
+    wants: list[_Want],
+    actor: str,
+) -> list[LayoutChange]:
+    """Each changed GPU's atoms before and after (by device id), each audited as `device.layout-change`."""
+    layout_changes = [
+        LayoutChange(
+            gpu_uid=gpu_uid,
+            node_id=node_id,
+            old_atom_ids=sorted(device_id for device_id, gpu in old_atoms.items() if gpu == gpu_uid),
+            new_atom_ids=sorted(ids_by_uid[w.uid] for w in wants if w.parent_uid == gpu_uid),
+        )
+        for gpu_uid, node_id in sorted(changed_gpus.items())
+    ]
+    for change in layout_changes:
+        audit_record(
+            actor=actor,
+            action="device.layout-change",
+            subject_type="node",
+            subject_id=change.node_id,
+            data={"gpu": change.gpu_uid, "windowSeconds": layout_window_seconds()},
+        )
+    return layout_changes
 
-        layout_changes = [
-            LayoutChange(
-                gpu_uid=gpu_uid,
-                node_id=node_id,
-                old_atom_ids=sorted(device_id for device_id, gpu in old_atoms.items() if gpu == gpu_uid),
-                new_atom_ids=sorted(ids_by_uid[w.uid] for w in wants if w.parent_uid == gpu_uid),
-            )
-            for gpu_uid, node_id in sorted(changed_gpus.items())
-        ]
-        for change in layout_changes:
+
+def _nodes_connect(*, ids: list[str], locked: dict[str, Node], actor: str) -> None:
+    """A report is proof of life: `connected`, a heartbeat now; a node that was disconnected is audited."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE inventory_node SET connectivity = 'connected', last_heartbeat_at = compute_now(),
+                   updated_at = now()
+             WHERE id = ANY(%s)
+            """,
+            [ids],
+        )
+    for pk in ids:
+        if locked[pk].connectivity == Connectivity.DISCONNECTED:
             audit_record(
                 actor=actor,
-                action="device.layout-change",
+                action="node.connected",
                 subject_type="node",
-                subject_id=change.node_id,
-                data={"gpu": change.gpu_uid, "windowSeconds": layout_window_seconds()},
+                subject_id=pk,
+                reason="the node reported",
+                data={"hostname": locked[pk].hostname},
             )
-
-        _upsert_resources(items=items, ratios=ratios)
-
-        if connect:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    """
-                    UPDATE inventory_node SET connectivity = 'connected', last_heartbeat_at = compute_now(),
-                           updated_at = now()
-                     WHERE id = ANY(%s)
-                    """,
-                    [ids],
-                )
-            # A report is proof of life: a node liveness had disconnected is back, on the record.
-            for pk in ids:
-                if locked[pk].connectivity == Connectivity.DISCONNECTED:
-                    audit_record(
-                        actor=actor,
-                        action="node.connected",
-                        subject_type="node",
-                        subject_id=pk,
-                        reason="the node reported",
-                        data={"hostname": locked[pk].hostname},
-                    )
-        logger.debug("applied %d reports for %s (%d devices vanished)", len(items), actor, len(gone))
-        return ReportsApplied(layout_changes=layout_changes)
 
 
 def _refuse_foreign_uids(uids: list[str]) -> None:

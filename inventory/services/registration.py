@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Func
 
 from core.errors import InvalidInput
-from inventory.models import Node, Offering, Pool, Taint, TaintEffect
+from inventory.models import Node, Pool, Taint, TaintEffect
 
 # What registration (a fleet file, `node_register`) may set on a node; the
 # rest is written by node reports and the operator services.
@@ -37,18 +37,6 @@ NODE_FIELDS = {*NODE_REGISTRATION_FIELDS, "owner_id"}
 
 def _compute_now() -> Func:
     return Func(function="compute_now")
-
-
-def offering_ensure(*, pool_id: str, tenant_id: str) -> bool:
-    """Offer the pool to the tenant (once); whether it was offered now."""
-    _, created = Offering.objects.get_or_create(pool_id=pool_id, tenant_id=tenant_id)
-    return created
-
-
-def offering_remove(*, pool_id: str, tenant_id: str) -> bool:
-    """Take the offer back; whether there was one. The caller checks what may not be left behind."""
-    deleted, _ = Offering.objects.filter(pool_id=pool_id, tenant_id=tenant_id).delete()
-    return deleted > 0
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from core.admin import ReadOnlyAdmin
-from ledger.models import PoolCapacityRollup, QuotaUsage
+from ledger.models import QuotaUsage
 from ledger.quota import quota_limit_set
 from operations import charts
+from reservations.models import PoolCapacityRollup
 
 
 @admin.register(PoolCapacityRollup)

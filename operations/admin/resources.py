@@ -1,7 +1,7 @@
 """Node resources in the admin: an operator sets a scalar's capacity and overcommit ratio here.
 
 An edit changes what the node adds to its pool's scalar rollups, so it is
-saved through `reservations.nodes.changes.node_resource_save`, like every other node
+saved through `operations.services.node_resource_save`, like every other node
 change: the numbers move in the same transaction, and the change is audited.
 """
 

@@ -1,7 +1,7 @@
 """Node operations for platform operators, and the node agents' `inventory/report`.
 
-They live in `capacity`, the top layer, because what they change reaches every
-layer below: a report can change a GPU's layout, which books atoms (guard 2).
+They live in `operations`, above `capacity`, because what they change reaches
+every layer below: a report can change a GPU's layout, which books atoms (guard 2).
 
 Every view: validate → decide on the platform → find the node (NOT_FOUND) →
 call one service → answer the node or device as it is after the change. A node
@@ -18,7 +18,7 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api import RpcViewSet, rpc_action, rpc_input, rpc_output, rpc_platform_input
+from core.api.rpc import RpcViewSet, rpc_action, rpc_input, rpc_output, rpc_platform_input
 from core.authentication import actor_of, principal_of
 from core.decisions import (
     INVENTORY_REPORT,
@@ -32,7 +32,7 @@ from core.errors import InvalidInput, NotFound, PermissionDenied
 from inventory.models import Node
 from inventory.selectors import device_detail, device_get, devices_detail, node_detail, node_get, node_list
 from operations import services as node_actions
-from operations.api.node_serializers import (
+from operations.api.serializers import (
     CordonInput,
     DeviceSerializer,
     NodeGetInput,
@@ -71,7 +71,7 @@ def _node_operation(
     summary: str,
     description: str = NODE_OPS,
 ) -> Callable[[RpcViewSet, Request], Response]:
-    """The view of `nodes/<method>`: one `inventory.services.nodes` service on the node.
+    """The view of `nodes/<method>`: one `operations.services` node action on the node.
 
     The body's fields but `nodeId` are the service's keyword arguments (the
     serializer names them so). The view is the viewset's attribute of the

@@ -4,12 +4,13 @@ Every view: validate → decide (operators on the platform, `compute:pools:manag
 `offerings/list` also for a tenant's own offerings) → find the pool
 (NOT_FOUND) → call one service → answer the pool or offering as it is after
 the change. The services are the ones fleet files use (`inventory.services.pools`,
-`ledger.offerings`, `reservations.offerings`); each audits its change with
+`ledger.offerings`); each audits its change with
 the actor, and a change that would break a rule is refused whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -18,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from capacity.api.views import by_pool_action, by_pool_answer
-from core.api import RpcViewSet, rpc_action, rpc_input, rpc_platform_input
+from core.api.rpc import RpcViewSet, rpc_action, rpc_input, rpc_platform_input
 from core.authentication import actor_of, principal_of
 from core.decisions import CAPACITY_READ, POOLS_MANAGE, decide_platform, decide_tenant
 from inventory.services.pools import (
@@ -29,14 +30,16 @@ from inventory.services.pools import (
     pool_update,
     pools_list,
 )
+from ledger.models import Offering
 from ledger.offerings import (
     offering_create,
     offering_find,
     offering_update,
+    offering_withdraw,
     offerings_list,
     offerings_payload,
 )
-from operations.api.pool_serializers import (
+from operations.api.serializers import (
     OfferingCreateInput,
     OfferingInput,
     OfferingListInput,
@@ -51,7 +54,7 @@ from operations.api.pool_serializers import (
     PoolUpdateInput,
     WithdrawnOutput,
 )
-from reservations.offerings import offering_withdraw
+from reservations.selectors import reservations_live_count
 
 OPERATORS = "Platform operators only (`compute:pools:manage`). Audited with the caller as the actor."
 EXAMPLE_POOL_ID = "pool_01hzy5v6k8d9c0m7w3q2r1t4ab"
@@ -85,6 +88,21 @@ def _answer_pool(pool: Any, status: int = 200) -> Response:
 def _answer_offering(pool_id: str, tenant_id: str, status: int = 200) -> Response:
     offering = offering_find(pool_id=pool_id, tenant_id=tenant_id)
     return Response(offerings_payload([offering])[0], status=status)
+
+
+def _set_offering(
+    request: Request,
+    serializer: type[OfferingInput],
+    service: Callable[..., Offering],
+    status: int = 200,
+) -> Response:
+    """`offerings/create` and `update`: the service on the locked pool, then the offering as it is."""
+    data = rpc_platform_input(request, serializer, permission=POOLS_MANAGE)
+    pool_id, tenant_id, actor = data["pool_id"], data["tenant_id"], actor_of(request)
+    with transaction.atomic():
+        pool = pool_find(pool_id=pool_id, lock=True)
+        service(pool=pool, tenant_id=tenant_id, quota=data["quota"], mode=data.get("quota_mode"), actor=actor)
+    return _answer_offering(pool_id, tenant_id, status=status)
 
 
 class PoolManagementMixin:
@@ -234,17 +252,7 @@ class OfferingsViewSet(RpcViewSet):
         ],
     )
     def create_offering(self, request: Request) -> Response:
-        data = rpc_platform_input(request, OfferingCreateInput, permission=POOLS_MANAGE)
-        with transaction.atomic():
-            pool = pool_find(pool_id=data["pool_id"], lock=True)
-            offering_create(
-                pool=pool,
-                tenant_id=data["tenant_id"],
-                quota=data["quota"],
-                mode=data.get("quota_mode"),
-                actor=actor_of(request),
-            )
-        return _answer_offering(data["pool_id"], data["tenant_id"], status=201)
+        return _set_offering(request, OfferingCreateInput, offering_create, status=201)
 
     @rpc_action(
         "update",
@@ -267,17 +275,7 @@ class OfferingsViewSet(RpcViewSet):
         ],
     )
     def update_offering(self, request: Request) -> Response:
-        data = rpc_platform_input(request, OfferingUpdateInput, permission=POOLS_MANAGE)
-        with transaction.atomic():
-            pool = pool_find(pool_id=data["pool_id"], lock=True)
-            offering_update(
-                pool=pool,
-                tenant_id=data["tenant_id"],
-                quota=data["quota"],
-                mode=data.get("quota_mode"),
-                actor=actor_of(request),
-            )
-        return _answer_offering(data["pool_id"], data["tenant_id"])
+        return _set_offering(request, OfferingUpdateInput, offering_update)
 
     @rpc_action(
         "withdraw",
@@ -302,7 +300,14 @@ class OfferingsViewSet(RpcViewSet):
         data = rpc_platform_input(request, OfferingInput, permission=POOLS_MANAGE)
         with transaction.atomic():
             pool = pool_find(pool_id=data["pool_id"], lock=True)
-            offering_withdraw(pool=pool, tenant_id=data["tenant_id"], actor=actor_of(request))
+            offering_withdraw(
+                pool=pool,
+                tenant_id=data["tenant_id"],
+                actor=actor_of(request),
+                live_reservations=lambda: reservations_live_count(
+                    pool_id=pool.pk, tenant_id=data["tenant_id"]
+                ),
+            )
         return Response({"poolId": pool.pk, "tenantId": data["tenant_id"], "withdrawn": True})
 
     @rpc_action(

@@ -15,7 +15,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api import ErrorSerializer, RpcViewSet, rpc_action, rpc_output, rpc_tenant_input, rpc_write_count
+from core.api.envelope import ErrorSerializer
+from core.api.rpc import RpcViewSet, rpc_action, rpc_output, rpc_tenant_input, rpc_write_count
 from core.authentication import actor_of, principal_of
 from core.decisions import RESERVATIONS_READ, RESERVATIONS_WRITE
 from reservations.api.serializers import (
@@ -23,10 +24,10 @@ from reservations.api.serializers import (
     ReservationListOutput,
     ReservationOutput,
     ReservationRefInput,
-    ReservationRequestSerializer,
 )
 from reservations.models import Reservation
-from reservations.request.resolve import reservation_request_resolve
+from reservations.request.resolve import reservation_request_resolve, resolve_refusals
+from reservations.request.serializers import ReservationRequestSerializer
 from reservations.selectors import reservation_get, reservation_list, reservation_payload
 from reservations.services import reservation_create, reservation_release, reservation_renew
 
@@ -49,14 +50,6 @@ def _reservation_action(
         summary=summary,
         description=description,
         errors=errors,
-    )
-
-
-def _decided_on_pool(twin: str) -> str:
-    """The refusals `create` and `preview` share (`reservation_request_resolve`); each names the other."""
-    return (
-        "Decided on the pool; NOT_FOUND for a `projectId` that is not the tenant's, INVALID_INPUT for a "
-        f"device class or `sharing` the pool's sharing mode never serves, as `{twin}` answers."
     )
 
 
@@ -83,7 +76,7 @@ class ReservationsViewSet(RpcViewSet):
             "`idempotencyKey` with the same request answers 200 with the same reservation, with a "
             "different request CONFLICT. NO_CAPACITY (after `wait.timeoutMs`) carries the placer's reason; "
             "QUOTA_EXCEEDED when the tenant's quota in the pool would be exceeded. "
-            + _decided_on_pool("capacity/preview")
+            + resolve_refusals("capacity/preview")
         ),
     )
     def create_reservation(self, request: Request) -> Response:

@@ -239,7 +239,7 @@ def _lock_node(cursor: Any, node_id: str) -> None:
 def daemon_deliver(*, reservation_id: str) -> AllocationFailed | None:
     """Send a committed reservation's assignments (atoms, claims, profile) to its nodes; the refusal, if any.
 
-    The daemon only answers; the control plane (`reservations.services.reservation_deliver`)
+    The daemon only answers; the control plane (`reservations.delivery.sending.reservation_deliver`)
     releases a refused reservation. An unreachable node raises (the outbox retries).
 
     What is sent to a node is read from the bookings while that node's daemon
@@ -397,7 +397,7 @@ def daemon_behind(*, limit: int = 500) -> list[str]:
 
     Oldest id first. The outbox (`reservations.delivery.outbox`) makes this empty after
     its deliveries; it stays as an on-demand resync for a node that lost its
-    own record (`reservations.services.reservations_redeliver`).
+    own record (`reservations.delivery.sending.reservations_redeliver`).
     """
     with connection.cursor() as cursor:
         cursor.execute(

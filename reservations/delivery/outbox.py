@@ -7,8 +7,11 @@ row exists exactly when the change committed, so a process that dies between
 the commit and the node loses nothing: the row is still there.
 
 After commit the request tries its rows at once
-(`outbox_deliver_reservation`); a row is deleted when the node answered,
-whether it accepted or refused (a refusal releases the reservation, guard 6).
+(`outbox_deliver_reservation`; inside an HTTP request, once the response is
+written: `deliveries_hold`, which `reservations.api.middleware.DeliverAfterResponse`
+calls); what a row tells the nodes is `reservations.delivery.sending`'s. A
+row is deleted when the node answered, whether it accepted or refused (a
+refusal releases the reservation, guard 6).
 When a node cannot be reached (the daemon raised), the row stays with
 `attempts + 1`, `last_error` and a next attempt backed off exponentially
 (`CAPACITY_DELIVERY_RETRY_SECONDS * 2**attempts`, at most 300 s), and a NOTIFY
@@ -35,16 +38,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from datetime import datetime
 
 from django.conf import settings
 from django.core.signals import request_finished
 from django.db import connection, transaction
-from django.http import HttpRequest
-from django.http.response import HttpResponseBase
 
 from core.constants import WORKER_CHANNEL
+from reservations.delivery import sending
 from reservations.models import DeliveryKind
 
 logger = logging.getLogger(__name__)
@@ -94,9 +95,17 @@ def delivery_enqueue(*, reservation_id: str, kind: str) -> None:
     deliver_after_commit(reservation_id=reservation_id)
 
 
-# Deliveries held back until the HTTP response has gone out (`DeliverAfterResponse`),
+# Deliveries held back until the HTTP response has gone out (`deliveries_hold`),
 # per thread: each of a server's threads serves one request at a time.
 _after_response = threading.local()
+
+
+def deliveries_hold() -> None:
+    """From now until this thread's response is written (`request_finished`), its deliveries wait.
+
+    Called by the `DeliverAfterResponse` middleware as a request comes in.
+    """
+    _after_response.held = []
 
 
 def deliver_after_commit(*, reservation_id: str) -> None:
@@ -127,29 +136,6 @@ def _deliver_held(**_: object) -> None:
 
 
 request_finished.connect(_deliver_held, dispatch_uid="reservations.delivery.outbox.deliver_held")
-
-
-class DeliverAfterResponse:
-    """Middleware: deliveries committed by a request are sent after its response, not before.
-
-    A WSGI server sends `request_finished` when it closes the response, after
-    writing it to the client; the deliveries the request committed run then,
-    on the same thread.
-    """
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        _after_response.held = []
-        return self.get_response(request)
-
-
-def _send(*, reservation_id: str, kind: str) -> None:
-    # The control plane's side of a delivery (release on a refusal) lives with the services.
-    from reservations.services import delivery_send
-
-    delivery_send(reservation_id=reservation_id, kind=kind)
 
 
 def _record_failure(*, ids: list[int], error: str) -> None:
@@ -197,7 +183,7 @@ def _deliver_claimed(*, reservation_id: str) -> int | None:
         if kind != previous:  # a run of one kind is one delivery: each brings the node up to date
             try:
                 with transaction.atomic():
-                    _send(reservation_id=reservation_id, kind=kind)
+                    sending.delivery_send(reservation_id=reservation_id, kind=kind)
             except Exception as exc:
                 logger.warning("delivering %s of reservation %s failed: %s", kind, reservation_id, exc)
                 _record_failure(ids=[r[0] for r in rows[index:]], error=f"{type(exc).__name__}: {exc}")

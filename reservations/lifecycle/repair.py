@@ -60,7 +60,7 @@ from inventory.schedulability import (
 )
 from inventory.services.resources import node_resources_give_back
 from reservations.models import Binding, Reservation
-from reservations.placer.commit import MAX_REPLANS, Placement, placement_charges, plan_commit
+from reservations.placer.commit import MAX_REPLANS, Placement, placement_deltas, plan_commit
 from reservations.placer.filters import Window
 from reservations.placer.plan import placement_plan
 from reservations.request.parse import parse_reservation_request
@@ -300,19 +300,6 @@ def _place(*, reservation: Reservation, request: ReservationRequest, pool: Pool,
     raise _NoPlacement(reason)
 
 
-def _placed_deltas(placement: Placement, *, started: bool) -> dict[str, tuple[int, int]]:
-    """The new bookings' and claims' rollup deltas: every atom was locked schedulable, healthy, bookable."""
-    from inventory.choices import SCALAR_RESOURCES
-
-    deltas: dict[str, tuple[int, int]] = {}
-    for resource, amount in placement_charges(placement).items():
-        if resource in SCALAR_RESOURCES or started:
-            deltas[resource] = (amount, 0)
-        else:
-            deltas[resource] = (0, amount)
-    return deltas
-
-
 def _merge(*parts: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for part in parts:
@@ -322,36 +309,46 @@ def _merge(*parts: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _at_risk_save(reservation: Reservation, *, reason: str, since: datetime | None) -> None:
+    reservation.at_risk_reason = reason
+    reservation.at_risk_since = since
+    reservation.save(update_fields=["at_risk_reason", "at_risk_since"])
+
+
+def _audit(reservation: Reservation, *, action: str, reason: str, data: dict[str, Any]) -> None:
+    """The repair's trail: every move, mark and cleared mark, by `ACTOR`."""
+    audit_record(
+        actor=ACTOR,
+        action=action,
+        subject_type="reservation",
+        subject_id=reservation.pk,
+        reason=reason,
+        data=data,
+    )
+
+
 def _mark(reservation: Reservation, *, reason: str, now: datetime, data: dict[str, Any]) -> Outcome:
     """Mark at risk (since now, if not already), or update the reason; audited when it changes."""
     if reservation.at_risk_since is not None and reservation.at_risk_reason == reason:
         return Outcome(None, reason)
     first = reservation.at_risk_since is None
-    reservation.at_risk_reason = reason
-    if first:
-        reservation.at_risk_since = now
-    reservation.save(update_fields=["at_risk_reason", "at_risk_since"])
-    audit_record(
-        actor=ACTOR,
+    since = now if first else reservation.at_risk_since
+    _at_risk_save(reservation, reason=reason, since=since)
+    _audit(
+        reservation,
         action="reservation.at-risk",
-        subject_type="reservation",
-        subject_id=reservation.pk,
         reason=reason,
-        data={**data, "since": (reservation.at_risk_since or now).isoformat(), "first": first},
+        data={**data, "since": (since or now).isoformat(), "first": first},
     )
     return Outcome("at-risk", reason)
 
 
 def _clear(reservation: Reservation, *, why: str, data: dict[str, Any]) -> Outcome:
     previous = reservation.at_risk_reason
-    reservation.at_risk_reason = ""
-    reservation.at_risk_since = None
-    reservation.save(update_fields=["at_risk_reason", "at_risk_since"])
-    audit_record(
-        actor=ACTOR,
+    _at_risk_save(reservation, reason="", since=None)
+    _audit(
+        reservation,
         action="reservation.at-risk.cleared",
-        subject_type="reservation",
-        subject_id=reservation.pk,
         reason=why,
         data={**data, "previousReason": previous},
     )
@@ -423,19 +420,16 @@ def reservation_repair(*, reservation_id: str) -> Outcome:
             return _mark(reservation, reason=f"{reason}; no other placement fits: {exc}", now=now, data=data)
         rollup_apply_deltas(
             pool_id=reservation.pool_id,
-            deltas=_merge(given_back, _placed_deltas(placement, started=window.start <= now)),
+            # Every atom was locked schedulable, healthy and bookable: all of it is counted.
+            deltas=_merge(given_back, placement_deltas(placement)),
         )
         was_at_risk = reservation.at_risk_since is not None
         if was_at_risk:
-            reservation.at_risk_reason = ""
-            reservation.at_risk_since = None
-            reservation.save(update_fields=["at_risk_reason", "at_risk_since"])
+            _at_risk_save(reservation, reason="", since=None)
         new_nodes = sorted(allocation.node_id for allocation, _member in placement.allocations)
-        audit_record(
-            actor=ACTOR,
+        _audit(
+            reservation,
             action="reservation.repaired",
-            subject_type="reservation",
-            subject_id=reservation.pk,
             reason=reason,
             data={**data, "fromNodes": sorted(old_nodes), "toNodes": new_nodes, "atRiskCleared": was_at_risk},
         )

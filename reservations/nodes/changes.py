@@ -1,9 +1,9 @@
 """Node and device changes with their consequences: rollups at once, waits woken, repair asked for.
 
-The callers (the API, the admin, the management commands, liveness, node
-reports) change nodes through these functions, never through
-`inventory.services.nodes` directly. Each runs the inventory write inside
-`nodes_changing`, which in the same transaction:
+Every node or device change runs its inventory write (`inventory.services.nodes`)
+inside `nodes_changing`: the operators' actions (`operations.services`), node
+reports (`reservations.nodes.reports`) and liveness (`node_set_connectivity`,
+here). In the same transaction it:
 
 * locks the nodes `FOR UPDATE` (id order), so no placement, release or
   booking phase move on them interleaves (they hold the nodes `FOR SHARE`);
@@ -34,17 +34,7 @@ from reservations.rollups.counts import COUNT_COLUMNS, NODES_COUNT_SQL
 from reservations.rollups.deltas import rollup_apply_count_deltas, rollup_rows_drop_unused
 from reservations.waits import notify_release
 
-__all__ = [
-    "device_set_health",
-    "node_cordon",
-    "node_resource_save",
-    "node_set_connectivity",
-    "node_set_maintenance",
-    "node_taint",
-    "node_uncordon",
-    "node_untaint",
-    "nodes_changing",
-]
+__all__ = ["node_set_connectivity", "nodes_changing", "nodes_contribution"]
 
 Counts = dict[tuple[str, str], dict[str, int]]
 

@@ -13,7 +13,10 @@ walks the shortlist inside the caller's transaction with the guard-4 locks,
 the guard-1 booking insert and the guard-3 scalar claims, replanning a bounded
 number of times, and raises `NoCapacity` with the placer's reason;
 `commit.placement_charge` applies quota (guard 5) and rollup deltas in the
-same transaction.
+same transaction. `cut.reservation_cut` is the one way bookings end (a
+release, a lease expiry, a settlement, a spot notice: `notice.spot_notice`),
+giving back scalars, quota and rollup counts; `plan.plan_for_preview` is the
+read-only plan `capacity.preview` shows.
 
 Decisions where the specification is silent:
 

@@ -20,18 +20,17 @@ spent the placer replans a bounded number of times, then answers `NoCapacity`.
 Nothing here raises on a lost race, so the request's transaction survives it.
 
 The quota charge (guard 5) and the rollup deltas run in the same transaction
-(`placement_charge`), and `reservation_cut` is the one way bookings are ended
-(release, lease expiry, spot notices), giving back scalars, quota and rollups.
+(`placement_charge`). Ending bookings is `reservations.placer.cut`'s, and the
+notice a displacing option gives spot reservations `reservations.placer.notice`'s.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
@@ -41,14 +40,14 @@ from core.errors import NoCapacity
 from inventory.choices import SCALAR_RESOURCES
 from inventory.models import Pool
 from inventory.schedulability import schedulable_sql
-from inventory.services.resources import node_resources_claim, node_resources_give_back
-from ledger.quota import quota_charge, quota_give_back
+from inventory.services.resources import node_resources_claim
+from ledger.quota import quota_charge
 from reservations.holdings import holdings_peaks
-from reservations.models import Allocation, BookingPhase, Reservation
+from reservations.models import Allocation, Reservation
 from reservations.placer.filters import Window
+from reservations.placer.notice import spot_notice
 from reservations.placer.plan import Member, Option, Plan, placement_plan
 from reservations.request.types import ReservationRequest
-from reservations.rollups.counts import COUNTED_ATOM_SQL, COUNTED_NODE_SQL
 from reservations.rollups.deltas import rollup_apply_deltas
 
 logger = logging.getLogger(__name__)
@@ -86,19 +85,21 @@ def _hook(point: str, node_id: str) -> None:
         hook(point, node_id)
 
 
+# Guard 4. A cordon, taint, maintenance, liveness or trust write UPDATEs this
+# row. If it committed first, this statement waits for it and re-checks the
+# predicate on the new row version (0 rows); if this lock is taken first,
+# the writer waits until the placement commits. Either way the second sees
+# the first, so no booking is made on a node that was just made unschedulable.
+_LOCK_NODE_SQL = (
+    "SELECT n.id FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id"
+    " WHERE n.id = %s AND n.pool_id = %s AND p.archived_at IS NULL"
+    f" AND {schedulable_sql('n', 'p.owner_id')} FOR SHARE OF n"
+)
+
+
 def _lock_node(*, node_id: str, pool_id: str) -> bool:
-    # Guard 4. A cordon, taint, maintenance, liveness or trust write UPDATEs this
-    # row. If it committed first, this statement waits for it and re-checks the
-    # predicate on the new row version (0 rows); if this lock is taken first,
-    # the writer waits until the placement commits. Either way the second sees
-    # the first, so no booking is made on a node that was just made unschedulable.
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT n.id FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id"
-            " WHERE n.id = %s AND n.pool_id = %s AND p.archived_at IS NULL"
-            f" AND {schedulable_sql('n', 'p.owner_id')} FOR SHARE OF n",
-            [node_id, pool_id],
-        )
+        cursor.execute(_LOCK_NODE_SQL, [node_id, pool_id])
         return cursor.fetchone() is not None
 
 
@@ -361,189 +362,25 @@ def placement_charge(*, placement: Placement, request: ReservationRequest) -> No
     read after the quota row is locked (`ledger.quota.quota_charge`).
     """
     charges = placement_charges(placement)
-    window = placement.window
-    quota_charge(
-        pool_id=request.pool_id,
-        tenant_id=request.tenant_id,
-        charges=charges,
-        window_peaks=lambda resources: holdings_peaks(
-            tenant_id=request.tenant_id,
-            pool_id=request.pool_id,
-            start=window.start,
-            end=window.end,
-            resources=resources,
-        ),
-    )
-    # The bookings' insert trigger set their phase from the same clock (this
-    # transaction's compute_now(), which `window.now` is): RUNNING if started.
-    started = placement.window.start <= placement.window.now
-    deltas: dict[str, tuple[int, int]] = {}
-    for resource, amount in charges.items():
-        # Scalars are claimed from node_resources at once, whatever the start.
-        if resource in SCALAR_RESOURCES or started:
-            deltas[resource] = (amount, 0)
-        else:
-            deltas[resource] = (0, amount)
-    rollup_apply_deltas(pool_id=request.pool_id, deltas=deltas)
+    tenant_id, pool_id, window = request.tenant_id, request.pool_id, placement.window
+    # The ledger calls it with the resources to read: straight into the holdings, not back into the placer.
+    peaks = partial(holdings_peaks, tenant_id=tenant_id, pool_id=pool_id, start=window.start, end=window.end)
+    quota_charge(pool_id=pool_id, tenant_id=tenant_id, charges=charges, window_peaks=peaks)
+    rollup_apply_deltas(pool_id=pool_id, deltas=placement_deltas(placement, charges))
 
 
-# Step 1 of a cut: mark the allocations released (once: the guarded UPDATE) and
-# lock their nodes FOR SHARE in id order, in one statement. A node or device
-# change (which holds the node FOR UPDATE, `reservations.nodes.changes`) then
-# either committed before the next statement's snapshot, and is counted there,
-# or waits for this transaction; scalars are counted where their node is.
-_CUT_RELEASE_SQL = f"""
-WITH released AS (
-    UPDATE reservations_allocation SET released = true
-     WHERE reservation_id = %(reservation)s AND NOT released
-    RETURNING id, node_id, resources
-),
-locked AS (
-    SELECT n.id, {COUNTED_NODE_SQL} AS counted
-      FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id
-     WHERE n.id IN (SELECT node_id FROM released)
-     ORDER BY n.id
-       FOR SHARE OF n
-)
-SELECT r.id, r.node_id, r.resources, COALESCE(l.counted, false)
-  FROM released r LEFT JOIN locked l ON l.id = r.node_id
-"""
+def placement_deltas(
+    placement: Placement, charges: dict[str, int] | None = None
+) -> dict[str, tuple[int, int]]:
+    """The rollup deltas of a committed placement's charges: `(allocated, reserved)` per resource.
 
-# Step 2: lock the bookings (a phase move by the worker then either committed
-# and is read here, or waits for this cut, which sees its rows first) and
-# count them by class, whether their atom is counted, their phase, and what
-# the cut does to them: removes it (it starts at or after `at`), shortens it
-# (it ends after `at`) or keeps it (it already ends by `at`: settlement).
-_CUT_COUNT_SQL = f"""
-WITH bk AS MATERIALIZED (
-    SELECT b.id, b.device_id, b.phase, lower(b.during) AS lo, upper(b.during) AS hi
-      FROM device_bookings b
-     WHERE b.allocation_id = ANY(%(allocations)s)
-     ORDER BY b.id
-       FOR UPDATE
-)
-SELECT d.device_class, {COUNTED_ATOM_SQL} AS counted, bk.phase,
-       CASE WHEN bk.lo >= %(at)s THEN 'removed' WHEN bk.hi > %(at)s THEN 'shortened' ELSE 'kept' END,
-       %(at)s <= compute_now() AS ends_by_now, count(*)
-  FROM bk
-  JOIN inventory_device d ON d.id = bk.device_id
-  JOIN inventory_node n ON n.id = d.node_id
-  JOIN inventory_pool p ON p.id = n.pool_id
- GROUP BY 1, 2, 3, 4, 5
-"""
-
-# The rollup column a booking of this phase is counted in (OVER: none).
-_PHASE_COLUMN = {BookingPhase.FUTURE: "reserved", BookingPhase.RUNNING: "allocated"}
-
-
-def reservation_cut(
-    *,
-    reservation_id: str,
-    at: datetime,
-    now: datetime,
-    pool_id: str | None = None,
-    tenant_id: str | None = None,
-) -> bool:
-    """End a reservation's bookings at `at`: later ones are deleted, running ones shortened.
-
-    Gives back its scalars, quota and rollup counts once (the allocations'
-    `released` flag is flipped with a guarded UPDATE, so a second cut gives
-    nothing back twice). Returns whether anything was given back. A caller
-    that holds the reservation row passes its `pool_id` and `tenant_id`,
-    which saves reading them again.
-
-    The rollups lose what they count of these bookings, by phase and only on
-    counted atoms (`reservations.rollups.counts`): a deleted booking its phase's
-    count; a booking cut to end by now (`at <= compute_now()`) its phase's
-    count, and it becomes OVER; a booking cut to a later end (a spot notice)
-    keeps its phase, and the worker moves it when the clock gets there. A
-    booking the cut leaves as it was (settlement: it already ends at `at`) is
-    the worker's to move too, so nothing is subtracted twice. Which bookings end
-    by now is decided by the transaction's `compute_now()` (the clock of the
-    insert trigger and of the worker), of which `now` is the caller's copy.
+    The bookings' insert trigger set their phase from the same clock (this
+    transaction's compute_now(), which `window.now` is): allocated (RUNNING)
+    if started, else reserved (FUTURE). Scalars are claimed from
+    node_resources at once, whatever the start: allocated.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(_CUT_RELEASE_SQL, {"reservation": reservation_id})
-        allocations = cursor.fetchall()
-        if not allocations:
-            return False
-        allocation_ids = [row[0] for row in allocations]
-        cursor.execute(_CUT_COUNT_SQL, {"allocations": allocation_ids, "at": at})
-        counts = cursor.fetchall()
-        # Bookings are history: the ones that started keep their past and end at
-        # `at`; only the ones that would start at or after `at` are removed.
-        cursor.execute(
-            "DELETE FROM device_bookings WHERE allocation_id = ANY(%s) AND lower(during) >= %s",
-            [allocation_ids, at],
-        )
-        cursor.execute(
-            "UPDATE device_bookings SET during = tstzrange(lower(during), %(at)s, '[)'),"
-            " phase = CASE WHEN %(at)s <= compute_now() THEN 2 ELSE phase END"
-            " WHERE allocation_id = ANY(%(allocations)s) AND upper(during) > %(at)s",
-            {"at": at, "allocations": allocation_ids},
-        )
-        if pool_id is None or tenant_id is None:
-            cursor.execute(
-                "SELECT pool_id, tenant_id FROM reservations_reservation WHERE id = %s", [reservation_id]
-            )
-            pool_id, tenant_id = cursor.fetchone()  # type: ignore[misc]
-        assert pool_id is not None and tenant_id is not None
-
-        quota: Counter[str] = Counter()
-        allocated: Counter[str] = Counter()
-        reserved: Counter[str] = Counter()
-        for device_class, counted, phase, fate, ends_by_now, count in counts:
-            quota[device_class] += count
-            leaves = fate == "removed" or (fate == "shortened" and ends_by_now)
-            if counted and leaves and phase in _PHASE_COLUMN:
-                column = allocated if _PHASE_COLUMN[phase] == "allocated" else reserved
-                column[device_class] += count
-        scalars: list[tuple[str, str, int]] = []
-        for _id, node_id, resources, node_counted in allocations:
-            if isinstance(resources, str):  # Django leaves raw jsonb as text
-                resources = json.loads(resources)
-            for resource, amount in sorted((resources or {}).items()):
-                amount = int(amount)
-                if amount <= 0:
-                    continue
-                scalars.append((node_id, resource, amount))
-                quota[resource] += amount
-                if node_counted:
-                    allocated[resource] += amount
-    node_resources_give_back(claims=scalars)
-    quota_give_back(pool_id=pool_id, tenant_id=tenant_id, amounts=quota)
-    rollup_apply_deltas(
-        pool_id=pool_id,
-        deltas={
-            resource: (-allocated[resource], -reserved[resource])
-            for resource in set(allocated) | set(reserved)
-        },
-    )
-    return True
-
-
-def spot_notice(*, reservation_id: str, ends_at: datetime, now: datetime) -> bool:
-    """Cut a spot reservation to end at `ends_at` and record the notice on it; whether it was cut."""
-    # Locks the spot reservation so a concurrent release or a second notice waits for this one.
-    reservation = Reservation.objects.select_for_update().get(pk=reservation_id)
-    if reservation.state in ("released", "preempted") or reservation.ends_at <= ends_at:
-        return False
-    reservation_cut(reservation_id=reservation_id, at=ends_at, now=now)
-    updates: dict[str, Any] = {"notice_at": now, "notice_ends_at": ends_at}
-    if ends_at > reservation.starts_at:
-        updates["ends_at"] = ends_at
-    else:
-        # It had not started yet: nothing of it is left.
-        updates.update(
-            state="preempted", released_at=now, release_reason="displaced by a regular reservation"
-        )
-    Reservation.objects.filter(pk=reservation_id).update(**updates)
-    return True
-
-
-def plan_for_preview(*, request: ReservationRequest, pool: Pool, window: Window) -> tuple[Plan, Plan | None]:
-    """The plan `capacity.preview` shows, and (regular requests that do not fit) the displacing one."""
-    plan = placement_plan(request=request, pool=pool, window=window)
-    if plan.fits or request.spot:
-        return plan, None
-    return plan, placement_plan(request=request, pool=pool, window=window, displace=True)
+    started = placement.window.start <= placement.window.now
+    return {
+        resource: (amount, 0) if resource in SCALAR_RESOURCES or started else (0, amount)
+        for resource, amount in (placement_charges(placement) if charges is None else charges).items()
+    }

@@ -95,16 +95,11 @@ def _items_sql(*, request: ReservationRequest, q: Params) -> list[tuple[str, str
 
 
 def _candidates_sql(
-    *,
-    request: ReservationRequest,
-    q: Params,
-    after: datetime,
-    first: bool,
-    until: datetime,
-    duration: timedelta,
+    *, request: ReservationRequest, q: Params, after: datetime, first: bool, until: datetime
 ) -> str:
     """The statement naming the next instants (after `after`; from it when `first`) worth asking at."""
     label = q.p(gang_key(request))
+    duration = timedelta(seconds=request.duration_seconds)
     t0, t_end, dur = q.p(after), q.p(until), q.p(duration, "interval")
     # Bookings are read up to the last window that could start in the horizon.
     span_end = f"({t_end} + {dur})"
@@ -192,14 +187,7 @@ def candidate_instants(
 ) -> list[datetime]:
     """The next instants, earliest first, at which the counts say the request could start."""
     q = Params()
-    sql = _candidates_sql(
-        request=request,
-        q=q,
-        after=after,
-        first=first,
-        until=until,
-        duration=timedelta(seconds=request.duration_seconds),
-    )
+    sql = _candidates_sql(request=request, q=q, after=after, first=first, until=until)
     with connection.cursor() as cursor:
         cursor.execute(sql, q.values)
         return [row[0] for row in cursor.fetchall()]

@@ -46,6 +46,17 @@ class Window:
     now: datetime
 
 
+@dataclass(frozen=True)
+class PlanQuery:
+    """What one plan's queries rank: a request in its window, spot bookings free or not, nodes left out."""
+
+    request: ReservationRequest
+    window: Window
+    # Displace mode: a live spot reservation's booking does not make an atom busy.
+    displace: bool = False
+    exclude_node_ids: tuple[str, ...] = ()
+
+
 def sharing_mismatch(*, request: ReservationRequest, pool_sharing: str) -> str | None:
     """Why the request's classes or sharing modes cannot be served by this pool, or None.
 
@@ -158,6 +169,10 @@ def spot_booking_sql(*, device: str, window_expr: str) -> str:
     )
 
 
+# The schedulability predicate over `n` and its pool `p`: the same text for every plan.
+_SCHEDULABLE_SQL = schedulable_sql("n", "p.owner_id")
+
+
 def node_filters_sql(
     *, request: ReservationRequest, q: Params, exclude_node_ids: tuple[str, ...] = ()
 ) -> list[str]:
@@ -165,7 +180,7 @@ def node_filters_sql(
     where = [
         f"n.pool_id = {q.p(request.pool_id)}",
         "p.archived_at IS NULL",
-        schedulable_sql("n", "p.owner_id"),
+        _SCHEDULABLE_SQL,
     ]
     for resource, amount in sorted(request.resources.items()):
         if amount and amount > 0:
@@ -246,12 +261,10 @@ def candidates_sql(
 
 
 def eligible_nodes_sql(
+    query: PlanQuery,
     *,
-    request: ReservationRequest,
     window_expr: str,
     q: Params,
-    displace: bool,
-    exclude_node_ids: tuple[str, ...] = (),
     only_node_ids: tuple[str, ...] = (),
     from_candidates: bool = False,
 ) -> str:
@@ -260,13 +273,14 @@ def eligible_nodes_sql(
     `only_node_ids` narrows the scan to a shortlist (the atoms query of a plan);
     `from_candidates` to the CTE `candidates` (`candidates_sql`).
     """
-    where = node_filters_sql(request=request, q=q, exclude_node_ids=exclude_node_ids)
+    request = query.request
+    where = node_filters_sql(request=request, q=q, exclude_node_ids=query.exclude_node_ids)
     if only_node_ids:
         where.append(f"n.id = ANY({q.p(list(only_node_ids), 'text[]')})")
     if from_candidates:
         where.append("n.id IN (SELECT node_id FROM candidates)")
     if request.binding == "node":
-        busy = blocking_booking_sql(device="wd", window_expr=window_expr, displace=displace)
+        busy = blocking_booking_sql(device="wd", window_expr=window_expr, displace=query.displace)
         where.append(
             "NOT EXISTS (SELECT 1 FROM inventory_device wd WHERE wd.node_id = n.id AND wd.bookable"
             f" AND (NOT wd.healthy OR {busy}))"
@@ -343,34 +357,18 @@ def numa_best_sql(*, index: int) -> str:
 
 
 def with_clause(
-    *,
-    request: ReservationRequest,
-    window: Window,
-    q: Params,
-    displace: bool,
-    exclude_node_ids: tuple[str, ...] = (),
-    only_node_ids: tuple[str, ...] = (),
-    candidates: str = "",
+    query: PlanQuery, *, q: Params, only_node_ids: tuple[str, ...] = (), candidates: str = ""
 ) -> tuple[str, str]:
     """The common table expressions of one plan, and the window expression they use.
 
     `candidates` (from `candidates_sql`) narrows the plan to the nodes it names.
     """
-    window_expr = window_sql(window, q)
-    ctes = [*([candidates] if candidates else [])]
-    ctes += [
-        "eligible AS ("
-        + eligible_nodes_sql(
-            request=request,
-            window_expr=window_expr,
-            q=q,
-            displace=displace,
-            exclude_node_ids=exclude_node_ids,
-            only_node_ids=only_node_ids,
-            from_candidates=bool(candidates),
-        )
-        + ")"
-    ]
+    request, displace = query.request, query.displace
+    window_expr = window_sql(query.window, q)
+    eligible = eligible_nodes_sql(
+        query, window_expr=window_expr, q=q, only_node_ids=only_node_ids, from_candidates=bool(candidates)
+    )
+    ctes = [*([candidates] if candidates else []), f"eligible AS ({eligible})"]
     for index, item in enumerate(request.devices):
         ctes.append(
             f"atoms_{index} AS ({item_atoms_sql(item=item, window_expr=window_expr, q=q, displace=displace)})"

@@ -25,6 +25,7 @@ from core.clock import compute_now
 from core.errors import InvalidInput
 from inventory.models import Pool
 from reservations.placer.filters import (
+    PlanQuery,
     Window,
     atoms_of_nodes_sql,
     candidates_sql,
@@ -260,47 +261,24 @@ def placement_plan(
         return plan
 
     salt = tie_salt() if salt is None else salt
-    from_counts = _from_counts(request=request, window=window, displace=displace)
-    scopes = ("counts", "pool") if from_counts else ("pool",)
-    for scope in scopes:
+    query = PlanQuery(request=request, window=window, displace=displace, exclude_node_ids=exclude_node_ids)
+    for scope in ("counts", "pool") if _from_counts(query) else ("pool",):
         # The candidates may hold nothing that fits (a selector they miss, counts
         # a moment behind the clock): then the whole pool is ranked.
         plan.scope = scope
-        ranked = _ranked(
-            request=request,
-            window=window,
-            displace=displace,
-            exclude_node_ids=exclude_node_ids,
-            limit=limit,
-            salt=salt,
-            from_counts=scope == "counts",
-        )
-        plan.options = _options(
-            request=request,
-            window=window,
-            displace=displace,
-            exclude_node_ids=exclude_node_ids,
-            ranked=ranked,
-            salt=salt,
-        )
+        ranked = _ranked(query, limit=limit, salt=salt, from_counts=scope == "counts")
+        plan.options = _options(query, ranked=ranked, salt=salt)
         if plan.options:
             return plan
     plan.reason = _no_fit_reason(request=request, displace=displace)
     return plan
 
 
-def _options(
-    *,
-    request: ReservationRequest,
-    window: Window,
-    displace: bool,
-    exclude_node_ids: tuple[str, ...],
-    ranked: list[dict[str, Any]],
-    salt: int,
-) -> list[Option]:
+def _options(query: PlanQuery, *, ranked: list[dict[str, Any]], salt: int) -> list[Option]:
     """The ranked nodes (or groups) as options, each member with the atoms it would book."""
     if not ranked:
         return []
+    request = query.request
     if request.gang_size:
         groups = [(list(r["nodes"]), list(r["scores"]), float(r["score"])) for r in ranked]
     else:
@@ -310,11 +288,7 @@ def _options(
         atoms_by_node = {r["node_id"]: (list(r["atoms"] or []), []) for r in ranked}
     else:
         atoms_by_node = _atoms_for(
-            request=request,
-            window=window,
-            displace=displace,
-            node_ids=sorted({node_id for nodes, _, _ in groups for node_id in nodes}),
-            exclude_node_ids=exclude_node_ids,
+            query, node_ids=sorted({node_id for nodes, _, _ in groups for node_id in nodes})
         )
     options = []
     for nodes, scores, group_score in groups:
@@ -330,27 +304,20 @@ def _options(
     return options
 
 
-def _from_counts(*, request: ReservationRequest, window: Window, displace: bool) -> bool:
+def _from_counts(query: PlanQuery) -> bool:
     """Whether the kept counts can choose the candidates: a plain or gang request starting now.
 
     The counts say what is free now, so a later start, a displacing plan (spot
     bookings count as free there) and a whole-node lease (every class must be
     free) rank the whole pool.
     """
-    return window.start <= window.now and not displace and request.binding != "node"
+    window = query.window
+    return window.start <= window.now and not query.displace and query.request.binding != "node"
 
 
-def _ranked(
-    *,
-    request: ReservationRequest,
-    window: Window,
-    displace: bool,
-    exclude_node_ids: tuple[str, ...],
-    limit: int,
-    salt: int,
-    from_counts: bool,
-) -> list[dict[str, Any]]:
+def _ranked(query: PlanQuery, *, limit: int, salt: int, from_counts: bool) -> list[dict[str, Any]]:
     """One query: the best `limit` nodes (or gang groups) by score, of the candidates or of the pool."""
+    request = query.request
     q = Params()
     salt_expr = q.p(salt, "bigint")
     candidates = ""
@@ -363,14 +330,7 @@ def _ranked(
             nodes=CANDIDATE_NODES,
             groups=CANDIDATE_GROUPS,
         )
-    ctes, _ = with_clause(
-        request=request,
-        window=window,
-        q=q,
-        displace=displace,
-        exclude_node_ids=exclude_node_ids,
-        candidates=candidates,
-    )
+    ctes, _ = with_clause(query, q=q, candidates=candidates)
     scored = f"scored AS (SELECT f.*, {score_sql()} AS score FROM ({features_sql(request=request, q=q)}) f)"
     if request.gang_size:
         key = q.p(gang_key(request))
@@ -409,25 +369,14 @@ def _ranked(
 
 
 def _atoms_for(
-    *,
-    request: ReservationRequest,
-    window: Window,
-    displace: bool,
-    node_ids: list[str],
-    exclude_node_ids: tuple[str, ...],
+    query: PlanQuery, *, node_ids: list[str]
 ) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """Free atoms per shortlisted node (and, for whole-node leases, all of its atoms)."""
+    request = query.request
     q = Params()
     # Only the shortlisted nodes: without this the CTEs (materialized, since
     # several reference them) would recount the whole pool a second time.
-    ctes, _ = with_clause(
-        request=request,
-        window=window,
-        q=q,
-        displace=displace,
-        exclude_node_ids=exclude_node_ids,
-        only_node_ids=tuple(node_ids),
-    )
+    ctes, _ = with_clause(query, q=q, only_node_ids=tuple(node_ids))
     ids_expr = q.p(node_ids, "text[]")
     sql = f"{ctes}\n{atoms_of_nodes_sql(request=request, node_ids_expr=ids_expr)}"
     if request.binding == "node":
@@ -457,3 +406,11 @@ def _no_fit_reason(*, request: ReservationRequest, displace: bool) -> Reason:
         f"no schedulable node has {wanted} free for the window"
         + (" even by displacing spot reservations" if displace else ""),
     )
+
+
+def plan_for_preview(*, request: ReservationRequest, pool: Pool, window: Window) -> tuple[Plan, Plan | None]:
+    """The plan `capacity.preview` shows, and (regular requests that do not fit) the displacing one."""
+    plan = placement_plan(request=request, pool=pool, window=window)
+    if plan.fits or request.spot:
+        return plan, None
+    return plan, placement_plan(request=request, pool=pool, window=window, displace=True)

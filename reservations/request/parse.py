@@ -34,11 +34,9 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from core.api import (
-    _flatten,
-)
+from core.api.envelope import _flatten
 from core.errors import InvalidInput
-from reservations.api.serializers import ReservationRequestSerializer
+from reservations.request.serializers import ReservationRequestSerializer
 from reservations.request.types import (
     DEFAULT_GANG_TOPOLOGY_KEY,
     GPU_CLASSES,

@@ -6,7 +6,7 @@ views call `reservation_request_resolve`, which does, in this order:
 1. parse the body (`parse_reservation_request`): INVALID_INPUT naming every
    bad field, a `start` more than 5 minutes past or beyond the horizon
    (`CAPACITY_MAX_START_AHEAD`) included;
-2. decide on the pool (`inventory.access.decide_pool`): PERMISSION_DENIED
+2. decide on the pool (`ledger.access.decide_pool`): PERMISSION_DENIED
    without the method's permission on the tenant, NOT_FOUND when the pool is
    not visible to it;
 3. a `projectId` must be one of the tenant's projects: NOT_FOUND otherwise
@@ -33,8 +33,8 @@ from typing import Any
 
 from core.errors import NotFound
 from core.models import Principal
-from inventory.access import decide_pool, visible_pools
 from inventory.models import Pool, Project
+from ledger.access import decide_pool, visible_pools
 from reservations.request.parse import check_request_against_pool, parse_reservation_request
 from reservations.request.types import ReservationRequest
 
@@ -78,3 +78,11 @@ def _resolved(request: ReservationRequest, pool: Pool) -> ResolvedRequest:
             raise NotFound("project not found")
     check_request_against_pool(request, pool)
     return ResolvedRequest(request=request, pool=pool, project=project)
+
+
+def resolve_refusals(twin: str) -> str:
+    """The refusals `create` and `preview` share (`reservation_request_resolve`), for their API docs."""
+    return (
+        "Decided on the pool; NOT_FOUND for a `projectId` that is not the tenant's, INVALID_INPUT for a "
+        f"device class or `sharing` the pool's sharing mode never serves, as `{twin}` answers."
+    )

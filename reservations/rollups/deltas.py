@@ -145,16 +145,21 @@ ROLLUP_STORED_COUNTS = (
     "unreachable",
 )
 
+
+def _rows_recordset(alias: str) -> str:
+    """The JSON parameter `rows` as the recordset `alias`: `{pool_id, resource, <ROLLUP_STORED_COUNTS>}`."""
+    counts = ", ".join(f"{name} bigint" for name in ROLLUP_STORED_COUNTS)
+    return (
+        f"SELECT * FROM json_to_recordset(%(rows)s::json) AS {alias}(pool_id text, resource text, {counts})"
+    )
+
+
 # Step 4: write the counted rows (`total` is their sum, as the CHECK requires)
 # and drop the rows of resources the pools no longer have (and those step 1
 # made just to lock them). They are locked by us, so no delta is lost: a
 # waiting delta's upsert retries and inserts afresh after our commit.
-_STORE_ROWS_SQL = """
-WITH c AS (
-    SELECT * FROM json_to_recordset(%(rows)s::json)
-        AS c(pool_id text, resource text, allocatable bigint, allocated bigint, reserved bigint,
-             provisioning bigint, unhealthy bigint, maintenance bigint, unreachable bigint)
-),
+_STORE_ROWS_SQL = f"""
+WITH c AS ({_rows_recordset("c")}),
 written AS (
     INSERT INTO pool_capacity_rollup AS r (pool_id, resource, total, allocatable, allocated, reserved,
         provisioning, unhealthy, maintenance, unreachable, updated_at, rebuilt_at)
@@ -188,12 +193,8 @@ def rollup_rows_store(*, pool_ids: list[str], rows: list[dict[str, Any]]) -> Non
 # (pool, resource) order, as `_APPLY_DELTAS_SQL` does. A new row gets the
 # deltas as its counts; an existing row adds them (each count floored at 0),
 # and `total` is the sum of allocatable and the four buckets either way.
-_APPLY_COUNT_DELTAS_SQL = """
-WITH d AS (
-    SELECT * FROM json_to_recordset(%(rows)s::json)
-        AS d(pool_id text, resource text, allocatable bigint, allocated bigint, reserved bigint,
-             provisioning bigint, unhealthy bigint, maintenance bigint, unreachable bigint)
-),
+_APPLY_COUNT_DELTAS_SQL = f"""
+WITH d AS ({_rows_recordset("d")}),
 fresh AS (
     SELECT d.pool_id, d.resource, GREATEST(0, d.allocatable) AS allocatable,
            GREATEST(0, d.allocated) AS allocated, GREATEST(0, d.reserved) AS reserved,

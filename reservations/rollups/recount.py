@@ -24,8 +24,8 @@ from django.db import OperationalError, connection, transaction
 
 from core.constants import DEADLOCK_DETECTED
 from inventory.models import Pool
-from ledger.models import PoolCapacityRollup
 from reservations.lifecycle.phases import bookings_advance
+from reservations.models import PoolCapacityRollup
 from reservations.rollups.counts import counts_sql
 from reservations.rollups.deltas import ROLLUP_STORED_COUNTS, rollup_rows_lock, rollup_rows_store
 

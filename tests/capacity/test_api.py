@@ -8,7 +8,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from inventory.models import Pool
-from ledger.models import PoolCapacityRollup
+from reservations.models import PoolCapacityRollup
 from tests.support.api import ClientFor, assert_error, invalid_fields, post_json
 from tests.support.factories import PoolFactory
 

@@ -82,17 +82,9 @@ def test_preview_cli_prints_a_table_and_json(owned_pool: Pool) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_capacity_for_an_unknown_tenant_exits_non_zero_as_a_subprocess() -> None:
-    import os
+    from tests.support.commands import child_env_on_this_database, run_python
 
-    from django.db import connection
-
-    from tests.support.commands import run_python
-
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env |= {
-        "DJANGO_SETTINGS_MODULE": "tests.support.torture.server_settings",
-        "TORTURE_DB_NAME": str(connection.settings_dict["NAME"]),
-    }
+    env = child_env_on_this_database()
     TenantFactory.create(id="acme")
     known = run_python("manage.py", "capacity", "--tenant", "acme", env=env, timeout=60)
     assert known.returncode == 0, known.stderr

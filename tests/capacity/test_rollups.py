@@ -18,8 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from capacity.selectors.pools import capacity_summary, rollup_rows
 from core.clock import compute_now, set_clock_offset
 from inventory.models import Device, Pool
-from ledger.models import PoolCapacityRollup
-from reservations.models import BookingPhase, DeviceBooking
+from reservations.models import BookingPhase, DeviceBooking, PoolCapacityRollup
 from reservations.rollups import recount as rollups
 from reservations.rollups.deltas import rollup_apply_count_deltas, rollup_apply_delta
 from reservations.rollups.recount import rollup_rebuild, rollup_rebuild_all, rollup_recount
@@ -35,7 +34,7 @@ from tests.support.factories import (
     gpus,
 )
 from tests.support.records import BUCKET_FIELDS, COUNTED, book, row, snapshot, snapshot_after_rebuild
-from tests.support.threads import Worker, wait_until_blocked_on_lock
+from tests.support.threads import Worker, started_until_blocked, transaction_held_open
 
 # Capacity math ---------------------------------------------------------
 
@@ -301,22 +300,25 @@ def race_pool() -> Iterator[tuple[Pool, Device]]:
     yield pool, device
 
 
-def placement(device: Device, booked: threading.Event, commit: threading.Event) -> Callable[[], None]:
-    """A booking transaction: book the GPU from now, apply the delta, then commit when told."""
+def book_from_now(device: Device) -> None:
+    """A booking transaction's writes: the GPU booked from now for an hour, then the rollup delta."""
+    allocation = AllocationFactory.create(node=device.node, reservation__pool=device.node.pool)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO device_bookings (device_id, allocation_id, purpose, during)"
+            " VALUES (%s, %s, 'allocation',"
+            " tstzrange(compute_now(), compute_now() + interval '1 hour'))",
+            [device.id, allocation.id],
+        )
+    rollup_apply_delta(pool_id=device.node.pool_id, resource="gpu", allocated=1)
+
+
+def booked_and_committed(device: Device) -> Callable[[], None]:
+    """`book_from_now` in a transaction of its own, committed at once."""
 
     def run() -> None:
         with transaction.atomic():
-            allocation = AllocationFactory.create(node=device.node, reservation__pool=device.node.pool)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "INSERT INTO device_bookings (device_id, allocation_id, purpose, during)"
-                    " VALUES (%s, %s, 'allocation',"
-                    " tstzrange(compute_now(), compute_now() + interval '1 hour'))",
-                    [device.id, allocation.id],
-                )
-            rollup_apply_delta(pool_id=device.node.pool_id, resource="gpu", allocated=1)
-            booked.set()
-            assert commit.wait(30)
+            book_from_now(device)
 
     return run
 
@@ -326,15 +328,9 @@ def test_a_booking_that_locks_first_is_counted_once_by_a_racing_rebuild(
     race_pool: tuple[Pool, Device],
 ) -> None:
     pool, device = race_pool
-    booked, commit = threading.Event(), threading.Event()
-    booking = Worker(placement(device, booked, commit))
-    booking.start()
-    assert booked.wait(30)
-    rebuild = Worker(lambda: rebuild_quietly(pool))
-    rebuild.start()
-    assert rebuild.ready.wait(30)
+    booking, commit = transaction_held_open(lambda: book_from_now(device))
     # The rebuild waits on the row the uncommitted booking updated...
-    wait_until_blocked_on_lock(rebuild)
+    rebuild = started_until_blocked(lambda: rebuild_quietly(pool))
     commit.set()
     booking.join_ok()
     rebuild.join_ok()
@@ -358,14 +354,9 @@ def test_a_booking_that_comes_after_the_rebuild_locked_is_counted_once(
     rebuild = Worker(lambda: rebuild_quietly(pool))
     rebuild.start()
     assert locked.wait(30)
-    booked, commit = threading.Event(), threading.Event()
-    commit.set()
-    booking = Worker(placement(device, booked, commit))
-    booking.start()
-    assert booking.ready.wait(30)
     # The booking's delta waits for the rebuild's row lock; the rebuild then
     # counts without the uncommitted booking, and the delta adds it after.
-    wait_until_blocked_on_lock(booking)
+    booking = started_until_blocked(booked_and_committed(device))
     resume.set()
     rebuild.join_ok()
     booking.join_ok()

@@ -13,8 +13,7 @@ from capacity.selectors.timeline import timeline_compute
 from core.clock import compute_now, to_millis
 from core.errors import InvalidInput
 from inventory.models import Device, Node, Pool
-from ledger.models import PoolCapacityRollup
-from reservations.models import Allocation, DeviceBooking
+from reservations.models import Allocation, DeviceBooking, PoolCapacityRollup
 from tests.support.api import post
 from tests.support.clock import HOUR_MS, MAX_MS, T0, at
 from tests.support.factories import AllocationFactory, DeviceFactory, NodeFactory, PoolFactory

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,50 +18,24 @@ from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from capacity.models import HourlyUsage, UsageHour
-from capacity.usage import (
-    HOUR,
-    UsageScope,
-    UsageWindow,
-    hour_floor,
-    usage_close_due,
-    usage_page,
-)
-from core.clock import compute_now, set_clock_offset, to_millis
+from capacity.selectors.usage import UsageScope, UsageWindow, usage_page
+from capacity.services import usage_close_due
+from capacity.usage import HOUR, hour_floor
+from core.clock import compute_now, to_millis
 from core.errors import NoCapacity
 from inventory.models import Pool
+from reservations.lifecycle.deadlines import lease_expire_due, reservation_settle_ended
 from reservations.lifecycle.phases import bookings_advance
 from reservations.models import DeviceBooking, Reservation
-from reservations.services import (
-    lease_expire_due,
-    reservation_create,
-    reservation_release,
-    reservation_settle_ended,
-)
+from reservations.services import reservation_create, reservation_release
 from tests.support.api import post_json
 from tests.support.factories import ProjectFactory
 from tests.support.placement import gpu_request, make_node
-from worker.jobs import next_deadline
+from tests.support.properties import rolled_back
+from worker.deadlines import next_deadline
 
 GRACE = timedelta(seconds=300)
 US = timedelta(microseconds=1)
-
-
-class _Rollback(Exception):
-    pass
-
-
-@pytest.fixture
-def clock() -> Iterator[Any]:
-    """Moves this connection's clock forward by a total offset; put back when the test ends."""
-    state = {"offset": timedelta(0)}
-
-    def move(by: timedelta) -> datetime:
-        state["offset"] += by
-        set_clock_offset(state["offset"])
-        return compute_now()
-
-    yield move
-    set_clock_offset(timedelta(0))
 
 
 @pytest.fixture(autouse=True)
@@ -152,11 +125,8 @@ def test_hourly_usage_sums_to_the_clipped_bookings_over_any_range_and_closed_row
     owned_pool: Pool, clock: Any, script: list[tuple[Any, ...]]
 ) -> None:
     try:
-        with transaction.atomic():
+        with rolled_back():
             _run_script(owned_pool, clock, script)
-            raise _Rollback
-    except _Rollback:
-        pass
     finally:
         clock(timedelta(0))
 

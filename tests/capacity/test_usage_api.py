@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -17,13 +15,14 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from capacity.models import HourlyUsage, UsageHour
-from capacity.usage import HOUR, hour_floor, usage_close_due
-from core.clock import compute_now, set_clock_offset, to_millis
+from capacity.services import usage_close_due
+from capacity.usage import HOUR, hour_floor
+from core.clock import compute_now, to_millis
 from inventory.models import Pool
 from reservations.services import reservation_create
 from tests.support.admin import links_of
 from tests.support.api import assert_error, invalid_fields, post_json
-from tests.support.commands import run_python
+from tests.support.commands import child_env_on_this_database, run_python
 from tests.support.factories import (
     AllocationFactory,
     PoolFactory,
@@ -35,19 +34,6 @@ from tests.support.placement import gpu_request, make_node
 from tests.support.records import book
 
 DAY_MS = 86_400_000
-
-
-@pytest.fixture
-def clock() -> Iterator[Any]:
-    state = {"offset": timedelta(0)}
-
-    def move(by: timedelta) -> Any:
-        state["offset"] += by
-        set_clock_offset(state["offset"])
-        return compute_now()
-
-    yield move
-    set_clock_offset(timedelta(0))
 
 
 @pytest.fixture
@@ -233,17 +219,8 @@ def test_the_method_is_in_the_openapi_document_with_its_examples(client: Client)
     response_examples = operation["responses"]["200"]["content"]["application/json"]["examples"]
     assert request_examples and response_examples
     example = next(iter(response_examples.values()))["value"]
-    assert {
-        "hour",
-        "poolId",
-        "projectId",
-        "resource",
-        "spot",
-        "unit",
-        "amount",
-        "microseconds",
-        "closed",
-    } <= set(example["rows"][0])
+    keys = {"hour", "poolId", "projectId", "resource", "spot", "unit", "amount", "microseconds", "closed"}
+    assert keys <= set(example["rows"][0])
 
 
 # --- the command line and the admin ----------------------------------------------------------
@@ -265,21 +242,14 @@ def past_usage(db: Any) -> dict[str, Any]:
     return {"pool": pool, "from": end - 3 * HOUR, "to": end + 2 * HOUR}
 
 
-def _child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    return env | {
-        "DJANGO_SETTINGS_MODULE": "tests.support.torture.server_settings",
-        "TORTURE_DB_NAME": str(connection.settings_dict["NAME"]),
-    }
-
-
 @pytest.mark.django_db(transaction=True)
 def test_manage_py_usage_prints_a_table_and_csv_that_add_up_to_the_bookings(
     past_usage: dict[str, Any],
 ) -> None:
     pool: Pool = past_usage["pool"]
     times = ["--from", past_usage["from"].isoformat(), "--to", past_usage["to"].isoformat()]
-    table = run_python("manage.py", "usage", "--tenant", "acme", *times, env=_child_env(), timeout=60)
+    env = child_env_on_this_database()
+    table = run_python("manage.py", "usage", "--tenant", "acme", *times, env=env, timeout=60)
     assert table.returncode == 0, table.stderr
     assert table.stdout.count("2.000000") == 2 and "atom-hours" in table.stdout
 
@@ -292,7 +262,7 @@ def test_manage_py_usage_prints_a_table_and_csv_that_add_up_to_the_bookings(
         pool.pk,
         "--csv",
         *times,
-        env=_child_env(),
+        env=env,
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
@@ -300,11 +270,11 @@ def test_manage_py_usage_prints_a_table_and_csv_that_add_up_to_the_bookings(
     assert [(r["poolId"], r["resource"], r["amount"]) for r in rows] == [(pool.pk, "gpu", "2.000000")] * 2
     assert sum(int(r["microseconds"]) for r in rows) == 4 * 3_600_000_000
 
-    unknown = run_python("manage.py", "usage", "--tenant", "nosuch", env=_child_env(), timeout=60)
+    unknown = run_python("manage.py", "usage", "--tenant", "nosuch", env=env, timeout=60)
     assert unknown.returncode == 1 and "tenant nosuch not found" in unknown.stderr
     too_long = run_python(
         "manage.py", "usage", "--tenant", "acme", "--from", "2026-01-01", "--to", "2026-03-01",
-        env=_child_env(), timeout=60,
+        env=env, timeout=60,
     )  # fmt: skip
     assert too_long.returncode == 1 and "31 days" in too_long.stderr
 

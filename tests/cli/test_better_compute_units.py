@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from better_compute import render
-from better_compute.cli import parse_duration, parse_time
+from better_compute import render, render_capacity, render_reservations
+from better_compute.arguments import parse_duration, parse_time
 from better_compute.client import ApiError, Client, Unreachable
 from better_compute.config import DEFAULT_URL, ConfigError, resolve
 from better_compute.device_match import SelectorError, parse_selector
@@ -120,21 +120,21 @@ def test_the_cli_parser_agrees_with_the_servers(text: str) -> None:
     assert parse_selector(text) == selector_to_api(parse_cli_selector(text))
 
 
-def test_the_api_form() -> None:
-    assert parse_selector("vramGiB >= 80, gpuModel == H100, nvlinkDomain exists") == {
-        "vramGiB": {"gte": 80},
-        "gpuModel": {"eq": "H100"},
-        "nvlinkDomain": {"exists": True},
-    }
-    assert parse_selector("gpuModel in (H200, H100, H100)") == {"gpuModel": {"in": ["H100", "H200"]}}
-    assert parse_selector('gpuModel == "80"') == {"gpuModel": {"eq": "80"}}
-
-
-def test_an_attribute_the_cli_does_not_know_is_left_to_the_server() -> None:
-    assert parse_selector("coresPerGpu >= 132, fabric == ib-1") == {
-        "coresPerGpu": {"gte": 132},
-        "fabric": {"eq": "ib-1"},
-    }
+@pytest.mark.parametrize(
+    ("text", "api_form"),
+    [
+        (
+            "vramGiB >= 80, gpuModel == H100, nvlinkDomain exists",
+            {"vramGiB": {"gte": 80}, "gpuModel": {"eq": "H100"}, "nvlinkDomain": {"exists": True}},
+        ),
+        ("gpuModel in (H200, H100, H100)", {"gpuModel": {"in": ["H100", "H200"]}}),
+        ('gpuModel == "80"', {"gpuModel": {"eq": "80"}}),
+        # An attribute the CLI does not know is left to the server.
+        ("coresPerGpu >= 132, fabric == ib-1", {"coresPerGpu": {"gte": 132}, "fabric": {"eq": "ib-1"}}),
+    ],
+)
+def test_the_api_form(text: str, api_form: dict[str, Any]) -> None:
+    assert parse_selector(text) == api_form
 
 
 @pytest.mark.parametrize(
@@ -289,7 +289,7 @@ def test_timeline_draws_one_bar_per_bucket() -> None:
         for i, b in enumerate([4, 2, 0])
     ]
     out = Console(width=100, record=True, no_color=True, file=io.StringIO())
-    render.timeline(
+    render_capacity.timeline(
         out,
         {
             "poolId": "pool_x",
@@ -351,9 +351,9 @@ SUMMARY: dict[str, Any] = {
 @pytest.mark.parametrize("width", [200, 120, 100, 80, 60])
 def test_ids_and_numbers_are_never_cut_on_a_narrow_terminal(width: int) -> None:
     for draw, answer in (
-        (render.summary, SUMMARY),
+        (render_capacity.summary, SUMMARY),
         (
-            render.pool_rows,
+            render_capacity.pool_rows,
             {"poolId": SUMMARY["pools"][0]["poolId"], "rows": SUMMARY["pools"][0]["capacity"]},
         ),
     ):
@@ -377,8 +377,8 @@ def test_an_at_risk_reservation_and_pool_say_so() -> None:
         "atRisk": {"reason": "node gpu-a-001 is cordoned: xid 79; no other placement fits", "since": 0},
         "allocations": [],
     }
-    render.reservation(console, reservation)
-    render.pool_rows(console, {"poolId": "pool_1", "rows": [], "atRiskReservations": 0})
+    render_reservations.reservation(console, reservation)
+    render_capacity.pool_rows(console, {"poolId": "pool_1", "rows": [], "atRiskReservations": 0})
     text = out.getvalue()
     assert "at risk" in text and "node gpu-a-001 is cordoned: xid 79" in text
     row = {
@@ -388,5 +388,5 @@ def test_an_at_risk_reservation_and_pool_say_so() -> None:
         "updatedAt": 0,
     }
     out.truncate(0)
-    render.pool_rows(console, {"poolId": "pool_1", "rows": [row], "atRiskReservations": 2})
+    render_capacity.pool_rows(console, {"poolId": "pool_1", "rows": [row], "atRiskReservations": 2})
     assert "2 reservations are at risk in this pool" in out.getvalue()

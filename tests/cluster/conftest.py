@@ -9,13 +9,12 @@ run stays on one database, and twice in CI would only repeat the same servers.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 from tests.cluster.client import Cluster
+from tests.support.commands import run_python
 from tests.support.paths import ROOT
 
 CLUSTER_DIR = ROOT / ".cluster-test"
@@ -36,15 +35,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _launcher(*args: str, env: dict[str, str]) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "config.cluster", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = run_python("-m", "config.cluster", *args, env=env, timeout=300)
     assert result.returncode == 0, f"config.cluster {args}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 

@@ -87,19 +87,24 @@ def test_the_reads_that_may_lag_are_answered_by_the_replica(cluster: Cluster) ->
     assert replica["readsFrom"] == "replica", replica
 
 
+def _one_gpu_for_an_hour(tenant_id: str, pool_id: str, key: str) -> dict[str, Any]:
+    """A `reservations/create` body: one whole GPU for an hour."""
+    return {
+        "tenantId": tenant_id,
+        "poolId": pool_id,
+        "devices": [{"class": "gpu", "count": 1}],
+        "duration": "1h",
+        "idempotencyKey": key,
+    }
+
+
 def test_a_client_reads_its_own_create_while_the_replica_stands_still(cluster: Cluster) -> None:
     token = cluster.token("--tenant", "beta", "--role", "member", "--name", "ryw")
     pool = _pool(cluster, token, "beta")
     before = _gpu_row(cluster, token, "beta", pool)
     cluster.sql("SELECT pg_wal_replay_pause()", replica=True)
     try:
-        body = {
-            "tenantId": "beta",
-            "poolId": pool,
-            "devices": [{"class": "gpu", "count": 1}],
-            "duration": "1h",
-            "idempotencyKey": f"ryw-{uuid.uuid4()}",
-        }
+        body = _one_gpu_for_an_hour("beta", pool, f"ryw-{uuid.uuid4()}")
         created = cluster.call("reservations/create", token, body)
         assert created.status_code == 201, created.text
         after = _gpu_row(cluster, token, "beta", pool)
@@ -129,13 +134,7 @@ def test_requests_keep_succeeding_when_an_api_replica_is_killed(cluster: Cluster
         for i in range(30):
             answer = cluster.call("capacity/summary", token, {"tenantId": "acme"})
             assert answer.status_code == 200, (i, answer.text)
-        body = {
-            "tenantId": "acme",
-            "poolId": pool,
-            "devices": [{"class": "gpu", "count": 1}],
-            "duration": "1h",
-            "idempotencyKey": f"kill-{uuid.uuid4()}",
-        }
+        body = _one_gpu_for_an_hour("acme", pool, f"kill-{uuid.uuid4()}")
         for i in range(6):
             created = cluster.call(
                 "reservations/create", token, body | {"idempotencyKey": f"kill-{i}-{uuid.uuid4()}"}

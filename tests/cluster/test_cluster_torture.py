@@ -7,13 +7,11 @@ replicas and the worker do, so that nothing of the test database is involved.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.cluster.client import Cluster
-from tests.support.paths import ROOT
+from tests.support.commands import run_python
 
 pytestmark = pytest.mark.cluster
 
@@ -25,15 +23,7 @@ def test_the_torture_run_through_the_balancer_with_a_replica_killed_and_the_repl
         "DATABASE_URL": f"postgres://postgres@127.0.0.1:{cluster.primary_port}/postgres",
         "DJANGO_SETTINGS_MODULE": "config.settings",
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.cluster.torture", "--base-url", cluster.base_url],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
+    result = run_python("-m", "tests.cluster.torture", "--base-url", cluster.base_url, env=env, timeout=1500)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no report:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     report = json.loads(lines[-1])

@@ -231,8 +231,7 @@ def operations_run(fleet: Fleet, *, base_url: str, operations: int, seed: int) -
 def fill_run(*, base_url: str, run: Run) -> tuple[int, int, int, list[str]]:
     """16 clients take one GPU each until NO_CAPACITY; an API replica is killed and restarted meanwhile."""
     from core.services import token_issue
-    from ledger.models import PoolCapacityRollup
-    from reservations.models import DeviceBooking, Reservation
+    from reservations.models import DeviceBooking, PoolCapacityRollup, Reservation
     from reservations.rollups.recount import rollup_rebuild_all
     from tests.support.factories import PoolFactory, TenantFactory
     from tests.support.placement import make_node

@@ -13,7 +13,7 @@ from django.contrib.staticfiles import finders
 from django.test import RequestFactory
 from rest_framework.test import APIClient
 
-from core.api import handler500
+from core.api.envelope import handler500
 from tests.support.api import api_url, assert_error, invalid_fields, post_raw, status_and_body
 
 # Every method answers in the same envelope; the summary is the one these bodies are sent to.

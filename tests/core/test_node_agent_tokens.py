@@ -1,16 +1,15 @@
 """Issuing node-agent tokens scoped to a pool or a node: the service, `issue_token` and the admin page.
 
-What a scope allows at the API is tested with the views (tests/capacity/test_node_agent_scope.py).
+What a scope allows at the API is tested with the views (tests/operations/test_node_agent_scope.py).
 """
 
 from __future__ import annotations
 
 import io
-import os
 
 import pytest
 from django.core.management import CommandError
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.test import Client
 from django.urls import reverse
 
@@ -19,7 +18,7 @@ from core.decisions import INVENTORY_REPORT, NodeScope, decide_node_scope, has_p
 from core.errors import InvalidInput, PermissionDenied
 from core.models import ApiToken, AuditEvent, Principal, RoleBinding
 from core.services import token_issue
-from tests.support.commands import run_command, run_python
+from tests.support.commands import child_env_on_this_database, run_command, run_python
 
 POOL = "pool_01k00000000000000000000aaa"
 NODE = "node_01k00000000000000000000bbb"
@@ -91,11 +90,7 @@ def test_issue_token_refuses_a_scope_that_means_nothing(args: tuple[str, ...]) -
 
 @pytest.mark.django_db(transaction=True)
 def test_issue_token_as_a_subprocess_prints_a_pool_scoped_token() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env |= {
-        "DJANGO_SETTINGS_MODULE": "tests.support.torture.server_settings",
-        "TORTURE_DB_NAME": str(connection.settings_dict["NAME"]),
-    }
+    env = child_env_on_this_database()
     args = ("manage.py", "issue_token", "--platform", "--role", "node-agent", "--pool", POOL)
     result = run_python(*args, env=env, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -1,6 +1,6 @@
 """The Procfile is what production runs, and `make run` runs it: it must name a web and a worker.
 
-(`tests/capacity/test_worker_e2e.py` starts it with honcho, as `make run` does, and stops it with Ctrl-C.)
+(`tests/worker/test_worker_e2e.py` starts it with honcho, as `make run` does, and stops it with Ctrl-C.)
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from django.core.management import CommandError, call_command
 from core.models import Tenant
 from fleets.load import fleet_load
 from fleets.synthetic import fleet_generate
-from inventory.models import Device, Node, NodeResource, Offering, Pool, Taint
-from ledger.models import QuotaUsage
+from inventory.models import Device, Node, NodeResource, Pool, Taint
+from ledger.models import Offering, QuotaUsage
 from tests.support.commands import run_command
 from tests.support.paths import ROOT
 
@@ -167,7 +167,7 @@ def test_a_made_fleet_loads_with_mig_slot_and_whole_gpu_atoms(tmp_path: Path) ->
 
 
 def _rollup_counts() -> dict[tuple[str, str], tuple[int, ...]]:
-    from ledger.models import PoolCapacityRollup
+    from reservations.models import PoolCapacityRollup
 
     return {
         (r.pool_id, r.resource): (r.allocatable, r.maintenance, r.unreachable, r.unhealthy, r.total)

@@ -13,8 +13,7 @@ from django.utils import timezone
 
 from core.models import AuditEvent
 from inventory.models import Device, Node, Pool
-from ledger.models import PoolCapacityRollup
-from reservations.models import DeviceBooking
+from reservations.models import DeviceBooking, PoolCapacityRollup
 from reservations.rollups.recount import rollup_rebuild
 from tests.support.factories import (
     AllocationFactory,
@@ -31,7 +30,7 @@ def test_bookings_and_rollups_are_read_only(operator: Client, gpu_node: Node) ->
     rollup_rebuild(pool_id=gpu_node.pool_id)
     row = PoolCapacityRollup.objects.get(pool=gpu_node.pool, resource="gpu")
     response = operator.post(
-        reverse("admin:ledger_poolcapacityrollup_change", args=[row.pk]), {"allocated": 5}
+        reverse("admin:reservations_poolcapacityrollup_change", args=[row.pk]), {"allocated": 5}
     )
     assert response.status_code == 403
     assert operator.get(reverse("admin:reservations_devicebooking_add")).status_code == 403
@@ -60,7 +59,7 @@ LIST_PAGES = [
     "admin:reservations_reservation_changelist",
     "admin:reservations_allocation_changelist",
     "admin:reservations_devicebooking_changelist",
-    "admin:ledger_poolcapacityrollup_changelist",
+    "admin:reservations_poolcapacityrollup_changelist",
     "admin:core_auditevent_changelist",
 ]
 

@@ -8,23 +8,18 @@ arrow turned red, fix the import instead: `make lint` fails on it too).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+from tests.support.scripts import load_script as load_script_at
+
 SCRIPT = ROOT / "docs" / "architecture_graph.py"
 PICTURE = ROOT / "docs" / "architecture.svg"
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_architecture_graph", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script_at(SCRIPT, "docs_architecture_graph")
 
 
 def test_committed_picture_is_the_one_the_imports_draw(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ operations with the same code, `TORTURE_SEED` picks another schedule.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -124,6 +125,27 @@ def run_interleaved(
     return tally, stepper
 
 
+def work_the_queue(
+    queue: Dealer[tuple[int, Op]], sampler: Sampler, tally: Tally, run: Callable[[int, Op], str]
+) -> None:
+    """Take the dealt operations until none is left: the sampler samples when due, each op runs, is tallied.
+
+    Every unexpected exception is an `error:` outcome, which fails the run; the thread's
+    connections are closed at the end.
+    """
+    try:
+        while (item := queue.next()) is not None:
+            index, op = item
+            try:
+                sampler.maybe(index)
+                outcome = run(index, op)
+            except Exception as exc:  # every unexpected exception fails the run
+                outcome = f"error: {type(exc).__name__}: {exc}"
+            tally.record(op, outcome)
+    finally:
+        connections.close_all()
+
+
 def run_concurrent_service(
     fleet: Fleet, sampler: Sampler, *, seed: int, operations: int, threads: int
 ) -> Tally:
@@ -135,18 +157,8 @@ def run_concurrent_service(
     start = threading.Barrier(threads)
 
     def worker() -> None:
-        try:
-            start.wait(JOIN_SECONDS)
-            while (item := queue.next()) is not None:
-                index, op = item
-                try:
-                    sampler.maybe(index)
-                    outcome = op_run_service(op, ledger, fleet)
-                except Exception as exc:  # every unexpected exception fails the run
-                    outcome = f"error: {type(exc).__name__}: {exc}"
-                tally.record(op, outcome)
-        finally:
-            connections.close_all()
+        start.wait(JOIN_SECONDS)
+        work_the_queue(queue, sampler, tally, lambda _, op: op_run_service(op, ledger, fleet))
 
     threads_run(worker, threads, seconds=JOIN_SECONDS)
     return tally
@@ -162,19 +174,14 @@ def run_concurrent_http(
     tally = Tally()
     queue = Dealer(enumerate(ops))
 
+    def run(index: int, op: Op) -> str:
+        base_url = servers.urls[index % len(servers.urls)]
+        return op_run_http(op, ledger, base_url=base_url, tokens=tokens, fleet=fleet)
+
     def worker() -> None:
-        try:
-            while (item := queue.next()) is not None:
-                index, op = item
-                base_url = servers.urls[index % len(servers.urls)]
-                try:
-                    sampler.maybe(index)  # read from the database the servers write, mid-run
-                    outcome = op_run_http(op, ledger, base_url=base_url, tokens=tokens, fleet=fleet)
-                except Exception as exc:  # a dropped connection or a timeout fails the run
-                    outcome = f"error: {type(exc).__name__}: {exc}"
-                tally.record(op, outcome)
-        finally:
-            connections.close_all()
+        # The samples read from the database the servers write, mid-run; a dropped connection
+        # or a timeout is an error outcome, and fails the run.
+        work_the_queue(queue, sampler, tally, run)
 
     threads_run(worker, clients, seconds=JOIN_SECONDS)
     return tally
@@ -256,7 +263,7 @@ def test_the_commit_log_catches_a_placer_that_skips_the_node_lock(
         node_cordon(node=node, reason="test", actor="test")
     monkeypatch.setattr(commit, "_lock_node", lambda **_: True)
     # The plan reads the predicate too; make it blind as well, as a stale plan would be.
-    monkeypatch.setattr(filters, "schedulable_sql", lambda *a, **k: "true")
+    monkeypatch.setattr(filters, "_SCHEDULABLE_SQL", "true")
     _one_gpu_reservation(fleet, "broken-guard-4")
     violations = commitlog_check().violations
     assert len(violations) == 1 and "the node was unschedulable" in violations[0]
@@ -321,7 +328,7 @@ def test_a_sample_taken_while_a_create_holds_its_claims_uncommitted_finds_nothin
     """No false alarm mid-flight: a create stopped after its scalar claim and quota charge, then committed."""
     from django.db import connection, transaction
 
-    from ledger.models import PoolCapacityRollup
+    from reservations.models import PoolCapacityRollup
     from tests.support.threads import JOIN_SECONDS as WORKER_SECONDS
     from tests.support.threads import Worker, wait_until_blocked_on_lock
 
@@ -362,7 +369,7 @@ def test_a_create_delivered_before_the_release_news_reaches_the_node_is_accepted
     """The race the HTTP run found: release commits, a create books the atom and delivers first."""
     from inventory.models import Node
     from inventory.services.nodes import node_cordon
-    from reservations import services
+    from reservations.delivery import sending
     from reservations.models import Reservation
     from reservations.services import reservation_release
 
@@ -371,7 +378,7 @@ def test_a_create_delivered_before_the_release_news_reaches_the_node_is_accepted
         node_cordon(node=node, reason="test", actor="test")
     first = _one_gpu_reservation(fleet, "first")
     late: list[str] = []
-    monkeypatch.setattr(services, "daemon_shorten", lambda *, reservation_id: late.append(reservation_id))
+    monkeypatch.setattr(sending, "daemon_shorten", lambda *, reservation_id: late.append(reservation_id))
     reservation_release(reservation=first, actor="test")
     monkeypatch.undo()
     assert late == [first.pk]  # the node has not heard of the release yet

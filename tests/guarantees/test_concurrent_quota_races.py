@@ -5,7 +5,7 @@ all released at once. The windows of one group overlap each other, so at most
 `limit / asked` of the group fit together; two groups a week apart fit
 separately in `concurrent` mode and together in `counter` mode. The
 deterministic interleaving of two charges is
-`test_guards.test_guard5_a_concurrent_charge_that_waited_for_the_row_lock_sees_the_first_ones_bookings`.
+`test_guard_counters.test_guard5_a_concurrent_charge_that_waited_for_the_row_lock_sees_the_first_ones_bookings`.
 """
 
 from __future__ import annotations

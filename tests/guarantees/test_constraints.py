@@ -11,8 +11,8 @@ from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from core.clock import compute_now, set_clock_offset
 from inventory.models import NodeResource
-from ledger.models import PoolCapacityRollup, QuotaUsage
-from reservations.models import DeviceBooking
+from ledger.models import QuotaUsage
+from reservations.models import DeviceBooking, PoolCapacityRollup
 from tests.support.clock import at
 from tests.support.factories import (
     AllocationFactory,
@@ -21,17 +21,14 @@ from tests.support.factories import (
     PoolFactory,
     QuotaUsageFactory,
 )
+from tests.support.records import assert_an_overlapping_booking_is_refused
 
 
 @pytest.mark.django_db
 def test_exclusion_refuses_an_overlapping_booking_of_one_device() -> None:
-    device = DeviceFactory()
-    allocation = AllocationFactory()
-    DeviceBooking.objects.create(device=device, allocation=allocation, during=DateTimeTZRange(at(10), at(11)))
-    with pytest.raises(IntegrityError), transaction.atomic():
-        DeviceBooking.objects.create(
-            device=device, allocation=allocation, during=DateTimeTZRange(at(10, 30), at(11, 30))
-        )
+    assert_an_overlapping_booking_is_refused(
+        DateTimeTZRange(at(10), at(11)), DateTimeTZRange(at(10, 30), at(11, 30))
+    )
 
 
 @pytest.mark.django_db

@@ -142,11 +142,9 @@ def _create_until_answered(
         return status, answer
 
 
-@pytest.mark.slow
-def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet) -> None:
-    creates = 200 * SCALE
+def _create_bodies(fleet: Fleet, creates: int) -> list[dict[str, Any]]:
+    """The creates the clients send: one or two GPUs for an hour, some starting later, each its own key."""
     rng = random.Random(SEED + 20)
-    tokens = http_tokens(fleet)
     start_ms = now_ms()
     bodies = []
     for index in range(creates):
@@ -161,6 +159,34 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
         if rng.random() < 0.3:
             body["start"] = start_ms + rng.choice((1800, 7200)) * 1000
         bodies.append(body)
+    return bodies
+
+
+def _kill_serving_workers(servers: ServerGroup, stop_killing: threading.Event, kills: list[int]) -> None:
+    """SIGKILL a serving worker (never the master, which starts a new one), the servers in turn.
+
+    Only a worker that answers is killed: gunicorn's master gives up when a worker dies
+    while booting, which is not the fault under test.
+    """
+    for index in range(KILLS):
+        server = servers.servers[index % len(servers.servers)]
+        while not (server_ready(server.url) and servers.worker_pids(server)):
+            if stop_killing.wait(0.05):
+                return
+        if stop_killing.wait(0.3):  # let requests pile onto it
+            return
+        for pid in servers.worker_pids(server):
+            os.kill(pid, signal.SIGKILL)
+            kills.append(pid)
+
+
+def _create_all_while_killing(
+    servers: ServerGroup, tokens: dict[str, str], bodies: list[dict[str, Any]]
+) -> tuple[dict[str, tuple[int, Any]], Counter[str], list[int]]:
+    """Twelve clients send every create, each until answered, while the servers' workers are killed.
+
+    Returns the answer for each key, the clients' retries by cause, and the pids killed.
+    """
     answers: dict[str, tuple[int, Any]] = {}
     counts: Counter[str] = Counter()
     lock = threading.Lock()
@@ -169,47 +195,54 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
     kills: list[int] = []
     client_errors: list[BaseException] = []
 
-    with ServerGroup.start(count=2) as servers:
-
-        def client() -> None:
-            local: Counter[str] = Counter()
-            try:
-                while (body := queue.next()) is not None:
-                    answer = _create_until_answered(servers, tokens[body["tenantId"]], body, local)
-                    with lock:
-                        answers[body["idempotencyKey"]] = answer
-            except BaseException as exc:  # handed to the main thread: a client must never give up
-                client_errors.append(exc)
-            finally:
+    def client() -> None:
+        local: Counter[str] = Counter()
+        try:
+            while (body := queue.next()) is not None:
+                answer = _create_until_answered(servers, tokens[body["tenantId"]], body, local)
                 with lock:
-                    counts.update(local)
+                    answers[body["idempotencyKey"]] = answer
+        except BaseException as exc:  # handed to the main thread: a client must never give up
+            client_errors.append(exc)
+        finally:
+            with lock:
+                counts.update(local)
 
-        def killer() -> None:
-            # SIGKILL a serving worker (never the master, which starts a new one), the two
-            # servers in turn. Only a worker that answers is killed: gunicorn's master gives
-            # up when a worker dies while booting, which is not the fault under test.
-            for index in range(KILLS):
-                server = servers.servers[index % len(servers.servers)]
-                while not (server_ready(server.url) and servers.worker_pids(server)):
-                    if stop_killing.wait(0.05):
-                        return
-                if stop_killing.wait(0.3):  # let requests pile onto it
-                    return
-                for pid in servers.worker_pids(server):
-                    os.kill(pid, signal.SIGKILL)
-                    kills.append(pid)
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(12)]
+    killing = threading.Thread(target=_kill_serving_workers, args=(servers, stop_killing, kills), daemon=True)
+    for thread in clients:
+        thread.start()
+    killing.start()
+    for thread in clients:
+        thread.join(JOIN_SECONDS)
+        assert not thread.is_alive()
+    stop_killing.set()
+    killing.join(60)
+    assert not client_errors, client_errors
+    return answers, counts, kills
 
-        clients = [threading.Thread(target=client, daemon=True) for _ in range(12)]
-        killing = threading.Thread(target=killer, daemon=True)
-        for thread in clients:
-            thread.start()
-        killing.start()
-        for thread in clients:
-            thread.join(JOIN_SECONDS)
-            assert not thread.is_alive()
-        stop_killing.set()
-        killing.join(60)
-        assert not client_errors, client_errors
+
+def _assert_one_reservation_per_answered_key(answers: dict[str, tuple[int, Any]]) -> None:
+    """Every create answered 200 or 201 made exactly its reservation; every other one made none."""
+    assert all(status in (200, 201, 409) for status, _ in answers.values()), Counter(
+        s for s, _ in answers.values()
+    )
+    made = Counter(Reservation.objects.values_list("idempotency_key", flat=True))
+    for key, (status, answer) in answers.items():
+        if status in (200, 201):
+            assert made[key] == 1 and Reservation.objects.get(idempotency_key=key).pk == answer["id"]
+        else:
+            assert made[key] == 0, (key, answer)
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet) -> None:
+    creates = 200 * SCALE
+    tokens = http_tokens(fleet)
+    bodies = _create_bodies(fleet, creates)
+
+    with ServerGroup.start(count=2) as servers:
+        answers, counts, kills = _create_all_while_killing(servers, tokens, bodies)
         assert len(answers) == creates
         # Replay every create once more, as a client that never saw its answer would:
         # the same key answers the same reservation and makes nothing new.
@@ -220,15 +253,7 @@ def test_a_server_killed_mid_request_leaves_one_reservation_per_key(fleet: Fleet
                 assert status == 200 and answer["id"] == first["id"]
 
     assert len(kills) >= 2 and counts["dropped"] > 0, (kills, counts)
-    assert all(status in (200, 201, 409) for status, _ in answers.values()), Counter(
-        s for s, _ in answers.values()
-    )
-    made = Counter(Reservation.objects.values_list("idempotency_key", flat=True))
-    for key, (status, answer) in answers.items():
-        if status in (200, 201):
-            assert made[key] == 1 and Reservation.objects.get(idempotency_key=key).pk == answer["id"]
-        else:
-            assert made[key] == 0, (key, answer)
+    _assert_one_reservation_per_answered_key(answers)
     # Delivery to the node runs after COMMIT; a worker killed between the two leaves a booking the
     # node was never sent, and its outbox row. The worker's outbox pass (once the rows are due)
     # catches the nodes up; after it, the outbox is empty, every live booking is on its node and

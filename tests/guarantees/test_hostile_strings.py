@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from core.api import EscapedJSONRenderer, exception_handler
+from core.api.envelope import exception_handler
+from core.api.parsing import EscapedJSONRenderer
 from core.errors import MAX_ERROR_DETAILS, InvalidInput, more_detail
 from core.services import token_issue
 from inventory.models import Node, Pool

@@ -1,7 +1,8 @@
 """A database made by the old migrations migrates forward without losing a row.
 
-`Tenant` moved from `inventory` to `core`, and `PoolCapacityRollup` and
-`QuotaUsage` from `capacity` to `ledger`, by state-only migrations
+`Tenant` moved from `inventory` to `core`, `Offering` from `inventory` to
+`ledger`, `QuotaUsage` from `capacity` to `ledger`, and `PoolCapacityRollup`
+from `capacity` to `ledger` and then to `reservations`, by state-only migrations
 (`SeparateDatabaseAndState`): the tables keep their names and rows, and only
 the content types are relabelled. This test builds the old state on the test
 database (migrating back to the leaves of before the move), fills it through
@@ -43,7 +44,9 @@ OLD_LEAVES: list[tuple[str, str | None]] = [
 # The moved models' content types: old (app, model) -> new app.
 MOVED = {
     ("inventory", "tenant"): "core",
-    ("capacity", "poolcapacityrollup"): "ledger",
+    ("inventory", "offering"): "ledger",
+    # To `ledger` first, then on to `reservations` beside the bookings it counts.
+    ("capacity", "poolcapacityrollup"): "reservations",
     ("capacity", "quotausage"): "ledger",
 }
 
@@ -203,29 +206,23 @@ def relabelled(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return [(pk, MOVED.get((app, model), app), model) for pk, app, model in rows]
 
 
-def test_old_database_migrates_forward_without_losing_rows(old_state: Apps) -> None:
-    assert_content_types_labelled_as_before()
-    # An operator group with the model permissions on the moved models, as the
-    # admin would have granted them under the old labels.
+def grant_the_old_permissions_to_operators() -> None:
+    """An operator group with the moved models' permissions, as the admin granted them under old labels."""
     old_permissions = Permission.objects.filter(
         content_type__app_label__in=["inventory", "capacity"],
-        content_type__model__in=["tenant", "quotausage", "poolcapacityrollup"],
+        content_type__model__in=["tenant", "offering", "quotausage", "poolcapacityrollup"],
     )
-    assert old_permissions.count() == 12  # add, change, delete, view x 3 models
+    assert old_permissions.count() == 16  # add, change, delete, view x 4 models
     operators = Group.objects.create(name="migration operators")
     operators.permissions.set(old_permissions)
 
-    filled = fill_old_database(old_state)
-    before = snapshot()
-    old_columns = column_names()
-    content_type_ids = {key: ContentType.objects.get(app_label=key[0], model=key[1]).pk for key in MOVED}
 
-    executor = migrate(latest_leaves(MigrationExecutor(connection)))
-    assert not executor.migration_plan(latest_leaves(executor))
-    ContentType.objects.clear_cache()
-    after = snapshot(old_columns)
-
-    # Every row of every table, byte for byte; only the content types' labels changed.
+def assert_every_row_kept_and_only_the_labels_changed(
+    before: dict[str, list[tuple[Any, ...]]],
+    after: dict[str, list[tuple[Any, ...]]],
+    content_type_ids: dict[tuple[str, str], int],
+) -> None:
+    """Every row of every table, byte for byte; only the content types' labels changed (same ids)."""
     for table in TABLES:
         expected = relabelled(before[table]) if table == "django_content_type" else before[table]
         assert after[table] == expected, table
@@ -235,18 +232,21 @@ def test_old_database_migrates_forward_without_losing_rows(old_state: Apps) -> N
             ContentType.objects.get(app_label=new_app, model=model).pk == content_type_ids[(old_app, model)]
         )
 
-    # Today's models read the rows through the ORM.
+
+def assert_todays_models_read_the_rows(filled: dict[str, Any]) -> None:
+    """Today's models read the rows `fill_old_database` wrote through the ORM, under the new labels."""
     from core.models import RoleBinding, Tenant
     from inventory.models import Node, Pool
-    from ledger.models import PoolCapacityRollup, QuotaUsage
-    from reservations.models import DeviceBooking, Reservation
+    from ledger.models import Offering, QuotaUsage
+    from reservations.models import DeviceBooking, PoolCapacityRollup, Reservation
 
     assert ContentType.objects.get_for_model(Tenant).natural_key() == ("core", "tenant")
     assert ContentType.objects.get_for_model(QuotaUsage).natural_key() == ("ledger", "quotausage")
     assert ContentType.objects.get_for_model(PoolCapacityRollup).natural_key() == (
-        "ledger",
+        "reservations",
         "poolcapacityrollup",
     )
+    assert ContentType.objects.get_for_model(Offering).natural_key() == ("ledger", "offering")
 
     assert {(t.id, t.name) for t in Tenant.objects.filter(id__in=["acme", "beta"])} == {
         ("acme", "Acme Corp"),
@@ -300,7 +300,9 @@ def test_old_database_migrates_forward_without_losing_rows(old_state: Apps) -> N
         DateTimeTZRange(T0, None, "[)"),
     )
 
-    # The operators' permissions now name the new labels (same rows, same ids).
+
+def assert_the_operators_permissions_name_the_new_labels() -> None:
+    """The operators' permissions now name the new labels (same rows, same ids)."""
     granted = set(
         Group.objects.get(name="migration operators").permissions.values_list(
             "content_type__app_label", "codename"
@@ -311,3 +313,22 @@ def test_old_database_migrates_forward_without_losing_rows(old_state: Apps) -> N
         for (_, model), app in MOVED.items()
         for action in ("add", "change", "delete", "view")
     }
+
+
+def test_old_database_migrates_forward_without_losing_rows(old_state: Apps) -> None:
+    assert_content_types_labelled_as_before()
+    grant_the_old_permissions_to_operators()
+
+    filled = fill_old_database(old_state)
+    before = snapshot()
+    old_columns = column_names()
+    content_type_ids = {key: ContentType.objects.get(app_label=key[0], model=key[1]).pk for key in MOVED}
+
+    executor = migrate(latest_leaves(MigrationExecutor(connection)))
+    assert not executor.migration_plan(latest_leaves(executor))
+    ContentType.objects.clear_cache()
+    after = snapshot(old_columns)
+
+    assert_every_row_kept_and_only_the_labels_changed(before, after, content_type_ids)
+    assert_todays_models_read_the_rows(filled)
+    assert_the_operators_permissions_name_the_new_labels()

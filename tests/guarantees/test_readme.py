@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
 from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 
 from fleets.load import fleet_load
+from tests.support.commands import child_env_on_this_database
 from tests.support.paths import ROOT
 
 
@@ -42,12 +41,7 @@ def test_the_block_uses_no_placeholder_and_no_hidden_environment() -> None:
 def test_the_try_it_block_runs_as_written(live_server: Any) -> None:
     fleet_load(data=json.loads((ROOT / "fleets" / "demo.json").read_text()))
     call_command("worker", "--once", stdout=io.StringIO())
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env |= {
-        "BASE_URL": live_server.url,
-        "DJANGO_SETTINGS_MODULE": "tests.support.torture.server_settings",
-        "TORTURE_DB_NAME": str(connection.settings_dict["NAME"]),
-    }
+    env = child_env_on_this_database(BASE_URL=live_server.url)
     result = subprocess.run(
         ["bash", "-c", "set -euo pipefail\n" + try_it_block()],
         cwd=ROOT,

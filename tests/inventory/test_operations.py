@@ -1,9 +1,8 @@
-"""Node operations: through the services and the commands; guard 4 and the rollup buckets.
+"""Node operations through the services: guard 4 and the rollup buckets.
 
-The services here are the inventory halves; the commands (like the API and the
-admin) go through `reservations.nodes.changes`, which moves the rollups with them.
-
-(Through the API: `tests/capacity/test_api_nodes.py`.)
+The services here are the inventory halves; the commands, the API and the
+admin go through `operations.services`, which moves the rollups with them
+(`tests/operations/`).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import threading
 from typing import Any
 
 import pytest
-from django.core.management import CommandError
 from django.db import OperationalError, connection, connections, transaction
 
 from core.clock import compute_now
@@ -21,9 +19,8 @@ from core.models import AuditEvent
 from inventory.models import Device, Node, Taint
 from inventory.selectors import node_detail
 from inventory.services import nodes as operations
-from ledger.models import PoolCapacityRollup
+from reservations.models import PoolCapacityRollup
 from reservations.rollups.recount import rollup_rebuild
-from tests.support.commands import run_command
 from tests.support.factories import DeviceFactory, NodeFactory
 from tests.support.records import audit_trail
 from tests.support.threads import Worker
@@ -314,47 +311,3 @@ def test_concurrent_taints_on_one_node_keep_the_counter_exact() -> None:
     assert errors == []
     assert Taint.objects.filter(node=node).count() == workers
     assert Node.objects.get(pk=node.pk).noschedule_taints == workers // 2
-
-
-# --- Commands -----------------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_commands_cordon_by_hostname_and_uncordon_by_id(gpu_node: Node) -> None:
-    assert "cordoned" in run_command("cordon", "gpu-a-001", "--reason", "PSU swap", "--actor", "alice")
-    row = Node.objects.get(pk=gpu_node.pk)
-    assert (row.cordoned, row.cordoned_by) == (True, "alice")
-    assert "already cordoned" in run_command("cordon", gpu_node.pk, "--reason", "again")
-
-    assert "uncordoned" in run_command("uncordon", gpu_node.pk)
-    assert not Node.objects.get(pk=gpu_node.pk).cordoned
-    assert audit_trail(gpu_node) == ["node.cordon", "node.uncordon"]
-
-
-@pytest.mark.django_db
-def test_the_commands_move_the_rollups_at_once(gpu_node: Node) -> None:
-    rollup_rebuild(pool_id=gpu_node.pool_id)
-
-    run_command("cordon", "gpu-a-001", "--reason", "PSU swap")
-    row = PoolCapacityRollup.objects.get(pool_id=gpu_node.pool_id, resource="gpu")
-    assert (row.allocatable, row.maintenance) == (0, 8)
-
-    run_command("uncordon", "gpu-a-001")
-    run_command("taint", "gpu-a-001", "xid", "--effect", "NoSchedule", "--reason", "xid 79")
-    row = PoolCapacityRollup.objects.get(pool_id=gpu_node.pool_id, resource="gpu")
-    assert (row.allocatable, row.maintenance, row.unhealthy) == (0, 0, 8)
-
-
-@pytest.mark.django_db
-def test_commands_taint_and_untaint(gpu_node: Node) -> None:
-    run_command("taint", "gpu-a-001", "xid", "--value", "79", "--effect", "NoSchedule", "--reason", "xid 79")
-    assert Node.objects.get(pk=gpu_node.pk).noschedule_taints == 1
-    run_command("untaint", "gpu-a-001", "xid")
-    assert Node.objects.get(pk=gpu_node.pk).noschedule_taints == 0
-    assert "has no taint" in run_command("untaint", "gpu-a-001", "xid")
-
-
-@pytest.mark.django_db
-def test_commands_refuse_an_unknown_node() -> None:
-    with pytest.raises(CommandError):
-        run_command("cordon", "no-such-host", "--reason", "r")

@@ -22,7 +22,7 @@ from inventory.schedulability import (
     predicate_terms,
     schedulable_sql,
 )
-from ledger.models import PoolCapacityRollup
+from reservations.models import PoolCapacityRollup
 from reservations.rollups.recount import rollup_rebuild
 from tests.support.factories import (
     DeviceFactory,

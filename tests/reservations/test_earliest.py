@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
@@ -31,6 +30,7 @@ from reservations.request.types import ReservationRequest
 from reservations.services import reservation_create
 from tests.support.api import invalid_fields, post, post_json
 from tests.support.placement import gpu_request, make_node
+from tests.support.properties import rolled_back
 from tests.support.records import book
 
 EARLIEST = "capacity/earliest"
@@ -171,10 +171,6 @@ def test_bad_input_is_refused_in_the_envelope_and_an_unseen_pool_is_not_found(
 # --- the property: exact on generated fleets -----------------------------------------
 
 
-class _Rollback(Exception):
-    """Raised to undo one generated example's fleet, bookings and creates."""
-
-
 GPUS_PER_NODE = 4
 
 bookings_strategy = st.lists(
@@ -220,13 +216,11 @@ def _fits_at(request: ReservationRequest, pool: Pool, at: datetime, now: datetim
 def _creates(pool: Pool, shape: dict[str, Any], at: datetime, key: str) -> bool:
     """Whether `reservations/create` at `at` succeeds (undone at once)."""
     try:
-        with transaction.atomic():
+        with rolled_back():
             reservation_create(request=_request(pool, shape, key, start=at), actor="test", pool=pool)
-            raise _Rollback
-    except _Rollback:
-        return True
     except NoCapacity:
         return False
+    return True
 
 
 @pytest.mark.django_db
@@ -239,12 +233,8 @@ def _creates(pool: Pool, shape: dict[str, Any], at: datetime, key: str) -> bool:
 def test_earliest_is_exact_on_generated_fleets(
     owned_pool: Pool, bookings: list[tuple[int, int, int, int]], shape: dict[str, Any]
 ) -> None:
-    try:
-        with transaction.atomic():
-            _example(owned_pool, bookings, shape)
-            raise _Rollback
-    except _Rollback:
-        pass
+    with rolled_back():
+        _example(owned_pool, bookings, shape)
 
 
 def _example(pool: Pool, bookings: list[tuple[int, int, int, int]], shape: dict[str, Any]) -> None:

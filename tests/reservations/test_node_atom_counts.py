@@ -10,13 +10,12 @@ whole pool when none of them fits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 import pytest
 from rest_framework.test import APIClient
 
-from core.clock import set_clock_offset
 from inventory.models import Device, Node, Pool
 from operations.services import device_set_health
 from reservations.lifecycle.phases import bookings_advance
@@ -29,13 +28,6 @@ from tests.support.factories import PoolFactory
 from tests.support.placement import gpu_request, make_node
 from tests.support.records import book
 from tests.support.torture.checks import check_node_atom_counts
-
-
-@pytest.fixture
-def clock() -> Iterator[Callable[[timedelta], None]]:
-    """Moves this connection's clock; put back when the test ends."""
-    yield lambda offset: set_clock_offset(offset)
-    set_clock_offset(timedelta(0))
 
 
 def kept(node: Node, device_class: str = "gpu") -> tuple[int, int, int]:

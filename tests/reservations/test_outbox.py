@@ -8,10 +8,9 @@ the outbox (`outbox_deliver_due`), in order, once, with a backoff.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,14 +21,13 @@ from rest_framework.test import APIClient
 from core.clock import compute_now, set_clock_offset
 from core.constants import WORKER_CHANNEL
 from inventory.models import Node, Pool
-from reservations import services
-from reservations.delivery import outbox
+from reservations.delivery import outbox, sending
 from reservations.delivery.daemon import daemon_claims, daemon_holdings
 from reservations.delivery.outbox import MAX_RETRY_SECONDS, outbox_deliver_due, outbox_next_attempt
 from reservations.models import Delivery, Reservation
 from reservations.services import reservation_create, reservation_release
 from tests.support.api import post, reservation_body
-from tests.support.commands import run_python
+from tests.support.commands import child_env_on_this_database, run_python
 from tests.support.notifications import listening
 from tests.support.placement import gpu_request, make_node
 from tests.support.threads import JOIN_SECONDS, Worker
@@ -37,13 +35,6 @@ from tests.support.threads import JOIN_SECONDS, Worker
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PROFILE = {"profileId": "k8s/worker:1.31", "profileVersion": 3}
-
-
-@pytest.fixture
-def clock() -> Iterator[Callable[[timedelta], None]]:
-    """Moves this connection's clock; put back when the test ends (the connection outlives it)."""
-    yield lambda offset: set_clock_offset(offset)
-    set_clock_offset(timedelta(0))
 
 
 @pytest.fixture
@@ -140,8 +131,8 @@ def test_a_release_cuts_or_drops_the_nodes_record_of_atoms_and_claims(
 def test_a_redelivery_adds_nothing(owned_pool: Pool, node: Node) -> None:
     reservation, _ = reservation_create(request=gpu_request(owned_pool, 2, resources={"vcpu": 4}), actor="t")
     before = (holders(node), daemon_claims(reservation_id=reservation.pk))
-    services.delivery_send(reservation_id=reservation.pk, kind="assign")
-    services.delivery_send(reservation_id=reservation.pk, kind="assign")
+    sending.delivery_send(reservation_id=reservation.pk, kind="assign")
+    sending.delivery_send(reservation_id=reservation.pk, kind="assign")
     assert (holders(node), daemon_claims(reservation_id=reservation.pk)) == before
 
 
@@ -151,7 +142,7 @@ def test_a_redelivery_adds_nothing(owned_pool: Pool, node: Node) -> None:
 def test_an_unreachable_node_leaves_the_row_backed_off_and_the_worker_delivers_it_later(
     owned_pool: Pool, node: Node, monkeypatch: pytest.MonkeyPatch, clock: Callable[[timedelta], None]
 ) -> None:
-    monkeypatch.setattr(services, "daemon_deliver", unreachable)
+    monkeypatch.setattr(sending, "daemon_deliver", unreachable)
     with listening(WORKER_CHANNEL) as worker:
         reservation, created = reservation_create(request=gpu_request(owned_pool, 2), actor="t")
         assert created  # the booking stands: the node is told later
@@ -184,7 +175,7 @@ def test_an_unreachable_node_leaves_the_row_backed_off_and_the_worker_delivers_i
 def test_the_backoff_stops_growing_at_five_minutes(
     owned_pool: Pool, node: Node, monkeypatch: pytest.MonkeyPatch, clock: Callable[[timedelta], None]
 ) -> None:
-    monkeypatch.setattr(services, "daemon_deliver", unreachable)
+    monkeypatch.setattr(sending, "daemon_deliver", unreachable)
     reservation_create(request=gpu_request(owned_pool, 1), actor="t")
     Delivery.objects.update(attempts=40)
     clock(timedelta(seconds=3))
@@ -248,11 +239,7 @@ services.reservation_create(request=gpu_request(pool, 2, idempotency_key="killed
 def test_a_process_killed_between_commit_and_delivery_loses_nothing(
     owned_pool: Pool, node: Node, clock: Callable[[timedelta], None]
 ) -> None:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.support.torture.server_settings",
-        "TORTURE_DB_NAME": str(connection.settings_dict["NAME"]),
-    }
+    env = child_env_on_this_database()
     result = run_python("-c", _CHILD, owned_pool.pk, env=env, timeout=JOIN_SECONDS)
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
     reservation = Reservation.objects.get(idempotency_key="killed")
@@ -267,7 +254,7 @@ def test_a_reservations_rows_are_delivered_in_order_assign_before_shorten(
     owned_pool: Pool, node: Node, monkeypatch: pytest.MonkeyPatch, clock: Callable[[timedelta], None]
 ) -> None:
     sent: list[str] = []
-    send = services.delivery_send
+    send = sending.delivery_send
 
     def failing(*, reservation_id: str, kind: str) -> None:
         raise Unreachable(kind)
@@ -276,11 +263,11 @@ def test_a_reservations_rows_are_delivered_in_order_assign_before_shorten(
         sent.append(kind)
         send(reservation_id=reservation_id, kind=kind)
 
-    monkeypatch.setattr(services, "delivery_send", failing)
+    monkeypatch.setattr(sending, "delivery_send", failing)
     reservation, _ = reservation_create(request=gpu_request(owned_pool, 1, resources={"vcpu": 2}), actor="t")
     reservation_release(reservation=reservation, actor="t")
     assert list(Delivery.objects.order_by("id").values_list("kind", flat=True)) == ["assign", "shorten"]
-    monkeypatch.setattr(services, "delivery_send", recording)
+    monkeypatch.setattr(sending, "delivery_send", recording)
     clock(timedelta(seconds=30))
     assert outbox_deliver_due() == 2
     assert sent == ["assign", "shorten"]
@@ -297,7 +284,7 @@ def test_two_workers_never_deliver_one_reservation_at_once(
     first, _ = reservation_create(request=gpu_request(owned_pool, 1), actor="t")
     second, _ = reservation_create(request=gpu_request(owned_pool, 1), actor="t")
     monkeypatch.undo()
-    send = services.delivery_send
+    send = sending.delivery_send
     lock = threading.Lock()
     inside: dict[str, int] = {}
     most: dict[str, int] = {}
@@ -317,7 +304,7 @@ def test_two_workers_never_deliver_one_reservation_at_once(
         with lock:
             inside[reservation_id] -= 1
 
-    monkeypatch.setattr(services, "delivery_send", instrumented)
+    monkeypatch.setattr(sending, "delivery_send", instrumented)
 
     def worker() -> int:
         set_clock_offset(timedelta(seconds=30))
@@ -341,7 +328,7 @@ def test_two_workers_never_deliver_one_reservation_at_once(
     assert outbox_deliver_due() == 0
 
 
-# --- What the node has: its scalar capacity (the refusal itself: tests/guarantees/test_guards.py) ----
+# --- What the node has: its scalar capacity (the refusal itself: tests/guarantees/test_guard_delivery.py) ---
 
 
 def test_claims_of_a_release_the_node_has_not_heard_of_yet_do_not_refuse_the_next_create(
@@ -349,7 +336,7 @@ def test_claims_of_a_release_the_node_has_not_heard_of_yet_do_not_refuse_the_nex
 ) -> None:
     first, _ = reservation_create(request=gpu_request(owned_pool, 1, resources={"vcpu": 16}), actor="t")
     # The release commits; its news does not reach the node (the shorten is lost on the way).
-    monkeypatch.setattr(services, "daemon_shorten", lambda **_: None)
+    monkeypatch.setattr(sending, "daemon_shorten", lambda **_: None)
     reservation_release(reservation=first, actor="t")
     monkeypatch.undo()
     assert daemon_claims(reservation_id=first.pk)[0].ends_at > compute_now()

@@ -8,38 +8,30 @@ connections in threads.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
 from rest_framework.test import APIClient
 
 from core.clock import set_clock_offset
 from inventory.models import Node, Pool
+from reservations.lifecycle.deadlines import reservation_settle_ended
 from reservations.lifecycle.phases import bookings_advance, bookings_next_boundary
 from reservations.models import BookingPhase, DeviceBooking, Reservation
 from reservations.rollups.recount import rollup_rebuild, rollup_recount
-from reservations.services import reservation_release, reservation_settle_ended
+from reservations.services import reservation_release
 from tests.support.api import post, reservation_body
-from tests.support.clock import HOUR, HOUR_MS, now_ms
+from tests.support.clock import HOUR, HOUR_MS, now_ms, with_clock_offset
 from tests.support.placement import make_node
 from tests.support.records import book, snapshot, snapshot_after_rebuild
-from tests.support.threads import JOIN_SECONDS, Worker, wait_until_blocked_on_lock, workers_race
+from tests.support.threads import started_until_blocked, transaction_held_open, workers_race
 
 
 def gpu_counts(allocatable: int, allocated: int, reserved: int, available: int) -> dict[str, int]:
     """The `gpu` row's counts as `gpu_row` answers them."""
     return {"allocatable": allocatable, "allocated": allocated, "reserved": reserved, "available": available}
-
-
-@pytest.fixture
-def clock() -> Iterator[Callable[[timedelta], None]]:
-    """Moves this connection's clock; put back when the test ends (the connection outlives it)."""
-    yield lambda offset: set_clock_offset(offset)
-    set_clock_offset(timedelta(0))
 
 
 def gpu_row(client: APIClient, pool: Pool) -> dict[str, Any]:
@@ -52,6 +44,13 @@ def gpu_row(client: APIClient, pool: Pool) -> dict[str, Any]:
 
 def phases(pool: Pool) -> list[int]:
     return sorted(DeviceBooking.objects.filter(device__node__pool=pool).values_list("phase", flat=True))
+
+
+def assert_every_booking_over_and_given_back(client: APIClient, pool: Pool, bookings: int) -> None:
+    """The pool's `bookings` bookings are all OVER, its eight GPUs all available again, the rows exact."""
+    assert gpu_row(client, pool) == gpu_counts(8, 0, 0, 8)
+    assert phases(pool) == [BookingPhase.OVER] * bookings
+    assert snapshot([pool.id]) == snapshot_after_rebuild(pool)
 
 
 def matches_a_recount(pool: Pool) -> bool:
@@ -112,9 +111,7 @@ def test_a_booking_whose_whole_window_passed_goes_straight_from_reserved_to_over
 
     assert bookings_advance() == 3
 
-    assert gpu_row(owner_client, owned_pool) == gpu_counts(8, 0, 0, 8)
-    assert phases(owned_pool) == [BookingPhase.OVER] * 3
-    assert snapshot([owned_pool.id]) == snapshot_after_rebuild(owned_pool)
+    assert_every_booking_over_and_given_back(owner_client, owned_pool, 3)
 
 
 @pytest.mark.django_db
@@ -159,12 +156,7 @@ def test_an_advance_in_small_batches_moves_everything_due_and_nothing_else(
 
 def advancing(offset: timedelta, limit: int) -> Callable[[], int]:
     """An advance on the calling thread's own connection, with the clock moved there."""
-
-    def run() -> int:
-        set_clock_offset(offset)
-        return bookings_advance(limit=limit)
-
-    return run
+    return with_clock_offset(offset, lambda: bookings_advance(limit=limit))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -211,26 +203,12 @@ def started_reservation(owner_client: APIClient, owned_pool: Pool) -> Iterator[t
     set_clock_offset(timedelta(0))
 
 
-def held_open(action: Callable[[], Any], done: threading.Event, commit: threading.Event) -> Callable[[], Any]:
-    """`action` in a transaction on its own connection (clock moved), kept open until `commit` is set."""
-
-    def run() -> Any:
-        set_clock_offset(timedelta(minutes=90))
-        with transaction.atomic():
-            result = action()
-            done.set()
-            assert commit.wait(JOIN_SECONDS)
-        return result
-
-    return run
-
-
 def released_by(reservation_id: str) -> Callable[[], Any]:
-    def run() -> Any:
-        set_clock_offset(timedelta(minutes=90))
-        return reservation_release(reservation=Reservation.objects.get(pk=reservation_id), actor="tenant")
-
-    return run
+    """A release of the reservation on the calling thread's own connection, its clock 90 minutes on."""
+    return with_clock_offset(
+        timedelta(minutes=90),
+        lambda: reservation_release(reservation=Reservation.objects.get(pk=reservation_id), actor="tenant"),
+    )
 
 
 def assert_given_back_once(pool: Pool) -> None:
@@ -245,14 +223,9 @@ def test_a_release_waits_for_an_advance_holding_the_bookings_and_gives_back_what
     started_reservation: tuple[Pool, str],
 ) -> None:
     pool, reservation_id = started_reservation
-    moved, commit = threading.Event(), threading.Event()
-    advance = Worker(held_open(bookings_advance, moved, commit))
-    advance.start()
-    assert moved.wait(JOIN_SECONDS)
-    release = Worker(released_by(reservation_id))
-    release.start()
+    advance, commit = transaction_held_open(with_clock_offset(timedelta(minutes=90), bookings_advance))
     # The release's cut locks the bookings the advance moved (uncommitted)...
-    wait_until_blocked_on_lock(release)
+    release = started_until_blocked(released_by(reservation_id))
     commit.set()
     advance.join_ok()
     release.join_ok()
@@ -267,10 +240,7 @@ def test_an_advance_skips_the_bookings_a_release_holds_and_the_release_gives_bac
     started_reservation: tuple[Pool, str],
 ) -> None:
     pool, reservation_id = started_reservation
-    cut, commit = threading.Event(), threading.Event()
-    release = Worker(held_open(released_by(reservation_id), cut, commit))
-    release.start()
-    assert cut.wait(JOIN_SECONDS)
+    release, commit = transaction_held_open(released_by(reservation_id))
 
     # The release holds the bookings: the advance leaves them to it instead of waiting.
     assert bookings_advance() == 0
@@ -332,9 +302,7 @@ def test_a_reservation_that_runs_to_its_end_leaves_the_counts_once_whichever_run
         assert gpu_row(owner_client, owned_pool)["allocated"] == 2
         assert bookings_advance() == 2
 
-    assert gpu_row(owner_client, owned_pool) == gpu_counts(8, 0, 0, 8)
-    assert phases(owned_pool) == [BookingPhase.OVER] * 2
-    assert snapshot([owned_pool.id]) == snapshot_after_rebuild(owned_pool)
+    assert_every_booking_over_and_given_back(owner_client, owned_pool, 2)
 
 
 @pytest.mark.django_db

@@ -20,12 +20,12 @@ from rest_framework.test import APIClient
 from core.clock import compute_now
 from core.models import AuditEvent, Tenant
 from inventory.models import Device, Node, Pool
-from ledger.models import ROLLUP_COUNTS, PoolCapacityRollup, QuotaUsage
+from ledger.models import QuotaUsage
 from reservations.delivery.daemon import daemon_holdings
 from reservations.lifecycle.repair import bookings_repair, repair_candidates
-from reservations.models import Allocation, DeviceBooking, Reservation
+from reservations.models import ROLLUP_COUNTS, Allocation, DeviceBooking, PoolCapacityRollup, Reservation
 from reservations.rollups.recount import rollup_rebuild
-from tests.support.api import post_json
+from tests.support.api import post_json, reservation_body
 from tests.support.commands import run_command
 from tests.support.factories import QuotaUsageFactory
 from tests.support.placement import make_node
@@ -97,6 +97,37 @@ def later_ms(hours: float) -> int:
     return int((compute_now() + timedelta(hours=hours)).timestamp() * 1000)
 
 
+def a_gang_on_two_of_three_fabric_nodes(
+    pool: Pool, tenant: Tenant, client: APIClient
+) -> tuple[dict[str, Any], list[str], str]:
+    """Three nodes on fabric ib-1 and one on ib-2, quotas for `tenant`, and its gang of two 8-GPU nodes
+    booked from two hours on for three: (the gang as created, its two nodes, the fabric's third node)."""
+    fabric = [
+        make_node(pool, hostname=f"ib1-{i}", labels={"fabric": "ib-1"}, resources={"vcpu": 64})
+        for i in range(3)
+    ]
+    lone = make_node(pool, hostname="ib2-0", labels={"fabric": "ib-2"}, resources={"vcpu": 64})
+    for resource, limit in (("gpu", 32), ("vcpu", 64)):
+        QuotaUsageFactory(pool=pool, tenant=tenant, resource=resource, max=limit)
+    rollup_rebuild(pool_id=pool.id)
+    gang_of_two = {"size": 2, "topologyKey": "fabric"}
+    body = reservation_body(
+        pool,
+        tenant.id,
+        "gang-1",
+        gpus=8,
+        gang=gang_of_two,
+        resources={"vcpu": 16},
+        start=later_ms(2),
+        duration="3h",
+    )
+    gang = create(client, body)
+    first = sorted(a["nodeId"] for a in gang["allocations"])
+    assert len(first) == 2 and lone.pk not in first
+    (spare,) = [n.pk for n in fabric if n.pk not in first]
+    return gang, first, spare
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_gangs_future_booking_moves_off_a_cordoned_node_within_its_fabric_or_is_marked_at_risk(
     owned_pool: Pool,
@@ -105,30 +136,7 @@ def test_a_gangs_future_booking_moves_off_a_cordoned_node_within_its_fabric_or_i
     operator_client: APIClient,
 ) -> None:
     pool = owned_pool
-    fabric = [
-        make_node(pool, hostname=f"ib1-{i}", labels={"fabric": "ib-1"}, resources={"vcpu": 64})
-        for i in range(3)
-    ]
-    lone = make_node(pool, hostname="ib2-0", labels={"fabric": "ib-2"}, resources={"vcpu": 64})
-    for resource, limit in (("gpu", 32), ("vcpu", 64)):
-        QuotaUsageFactory(pool=pool, tenant=offered_tenant, resource=resource, max=limit)
-    rollup_rebuild(pool_id=pool.id)
-    gang = create(
-        offered_client,
-        {
-            "tenantId": "beta",
-            "poolId": pool.id,
-            "devices": [{"class": "gpu", "count": 8}],
-            "gang": {"size": 2, "topologyKey": "fabric"},
-            "resources": {"vcpu": 16},
-            "start": later_ms(2),
-            "duration": "3h",
-            "idempotencyKey": "gang-1",
-        },
-    )
-    first = sorted(a["nodeId"] for a in gang["allocations"])
-    assert len(first) == 2 and lone.pk not in first
-    (spare,) = [n.pk for n in fabric if n.pk not in first]
+    gang, first, spare = a_gang_on_two_of_three_fabric_nodes(pool, offered_tenant, offered_client)
     quota = quota_used(pool, offered_tenant)
     assert quota == {"gpu": 16, "vcpu": 32}
     assert gang["atRisk"] is None and held(first[0], gang["id"]) == 8
@@ -195,16 +203,7 @@ def test_a_running_reservation_on_a_gpu_that_turns_unhealthy_is_at_risk_until_th
     make_node(owned_pool, hostname="run-0")
     make_node(owned_pool, hostname="run-1")
     rollup_rebuild(pool_id=owned_pool.id)
-    running = create(
-        owner_client,
-        {
-            "tenantId": "acme",
-            "poolId": owned_pool.id,
-            "devices": [{"class": "gpu", "count": 1}],
-            "duration": "1h",
-            "idempotencyKey": "running",
-        },
-    )
+    running = create(owner_client, reservation_body(owned_pool, "acme", "running", gpus=1))
     assert running["state"] == "active"
     (uid,) = running["allocations"][0]["atoms"]
     before = nodes_of(running["id"])
@@ -240,18 +239,11 @@ def test_a_whole_node_lease_is_not_moved_but_marked_at_risk(
 ) -> None:
     nodes = [make_node(owned_pool, hostname=f"whole-{i}", gpus=2, node_atom=True) for i in range(2)]
     rollup_rebuild(pool_id=owned_pool.id)
-    lease = create(
-        owner_client,
-        {
-            "tenantId": "acme",
-            "poolId": owned_pool.id,
-            "devices": [{"class": "node", "count": 1}],
-            "binding": "node",
-            "start": later_ms(1),
-            "duration": "1h",
-            "idempotencyKey": "whole",
-        },
+    whole_node = [{"class": "node", "count": 1}]
+    body = reservation_body(
+        owned_pool, "acme", "whole", devices=whole_node, binding="node", start=later_ms(1)
     )
+    lease = create(owner_client, body)
     (node_id,) = nodes_of(lease["id"])
     assert node_id in {n.pk for n in nodes}
     operate(operator_client, "nodes/setMaintenance", {"nodeId": node_id, "on": True, "reason": "BIOS"})
@@ -287,15 +279,9 @@ def test_two_workers_repairing_at_once_move_each_reservation_once(
     ids = [
         create(
             owner_client,
-            {
-                "tenantId": "acme",
-                "poolId": owned_pool.id,
-                "devices": [{"class": "gpu", "count": 1}],
-                "resources": {"vcpu": 4},
-                "start": later_ms(1),
-                "duration": "1h",
-                "idempotencyKey": f"crowd-{i}",
-            },
+            reservation_body(
+                owned_pool, "acme", f"crowd-{i}", gpus=1, resources={"vcpu": 4}, start=later_ms(1)
+            ),
         )["id"]
         for i in range(8)
     ]
@@ -331,16 +317,7 @@ def test_the_admin_node_and_pool_pages_list_the_at_risk_reservations(
     from operations.services import device_set_health
 
     node = make_node(owned_pool, hostname="admin-risk")
-    running = create(
-        owner_client,
-        {
-            "tenantId": "acme",
-            "poolId": owned_pool.id,
-            "devices": [{"class": "gpu", "count": 1}],
-            "duration": "1h",
-            "idempotencyKey": "admin-risk",
-        },
-    )
+    running = create(owner_client, reservation_body(owned_pool, "acme", "admin-risk", gpus=1))
     (uid,) = running["allocations"][0]["atoms"]
     pool_url = reverse("admin:inventory_pool_change", args=[quote(owned_pool.pk)])
     assert "No reservation of this pool is at risk." in operator.get(pool_url).content.decode()

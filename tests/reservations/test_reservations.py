@@ -1,40 +1,32 @@
-"""Reservations via the services and the API: create, get, list, release, renew, leases, waits, preview.
+"""Reservations via the services and the API: create, get, list, release, renew, leases, preview.
 
-(The preview CLI: `tests/capacity/test_commands.py`.)
+(Creates that wait for a release: `test_waits.py`; the preview CLI: `tests/capacity/test_commands.py`.)
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from rest_framework.test import APIClient
 
 from core.clock import compute_now, set_clock_offset
-from core.errors import IdempotencyConflict, NoCapacity, TooManyRequests
+from core.errors import IdempotencyConflict
 from inventory.models import Node, NodeResource, Pool
-from reservations import services
+from reservations.lifecycle import deadlines
+from reservations.lifecycle.deadlines import lease_expire_due
 from reservations.models import Allocation, DeviceBooking, Reservation
 from reservations.request.parse import parse_reservation_request
 from reservations.selectors import reservation_list, reservation_state
 from reservations.services import (
-    lease_expire_due,
     reservation_create,
     reservation_release,
     reservation_renew,
 )
-from reservations.waits import LISTENER
 from tests.support.api import post, reservation_body
 from tests.support.factories import (
-    DeviceFactory,
-    NodeFactory,
-    NodeResourceFactory,
-    PoolFactory,
     QuotaUsageFactory,
 )
 from tests.support.placement import gpu_request, make_node
@@ -276,7 +268,7 @@ def test_an_unrenewed_lease_is_released_by_the_reconciler_hook(owned_pool: Pool)
     from worker import reconciler
 
     # Every reconciler pass runs the reservations' time-driven work.
-    assert reconciler.reservations_reconcile is services.reservations_reconcile
+    assert reconciler.reservations_reconcile is deadlines.reservations_reconcile
 
 
 # --- Preview ------------------------------------------------------------------------------
@@ -347,157 +339,6 @@ def test_preview_of_a_gang_and_of_whole_nodes(owner_client: APIClient, owned_poo
     assert any(a.id in c["atoms"] for c in whole["candidates"])
 
 
-# --- Waiting for a release -------------------------------------------------------------------
-
-
-@pytest.mark.django_db(transaction=True)
-def test_wait_timeout_is_satisfied_by_a_concurrent_release(monkeypatch: pytest.MonkeyPatch) -> None:
-    pool = PoolFactory()
-    node = NodeFactory(pool=pool)
-    DeviceFactory(node=node)
-    NodeResourceFactory(node=node, resource="vcpu", allocatable=8)
-    holder, _ = reservation_create(request=gpu_request(pool, 1), actor="t")
-
-    result: dict[str, Any] = {}
-
-    def waiter() -> None:
-        try:
-            result["value"] = reservation_create(
-                request=gpu_request(pool, 1, wait_timeout_ms=30000, idempotency_key="waiter"), actor="t"
-            )
-        except Exception as exc:  # reported to the main thread
-            result["value"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    wait_until(lambda: LISTENER.waiting() == 1)
-    reservation_release(reservation=holder, actor="t")
-    thread.join(60)
-    assert not thread.is_alive()
-    value = result["value"]
-    assert not isinstance(value, Exception), value
-    reservation, created = value
-    assert created and reservation.allocations.get().node_id == node.id
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for the condition"
-        time.sleep(0.01)
-
-
-def drain_waiters(threads: list[threading.Thread], results: list[Any]) -> None:
-    """Release whatever the waiters get until every one of them has its answer."""
-    released: set[str] = set()
-    deadline = time.monotonic() + 60
-    while any(thread.is_alive() for thread in threads):
-        assert time.monotonic() < deadline, "waiters did not finish"
-        for made in [r for r in results if not isinstance(r, Exception)]:
-            if made.reservation.pk not in released:
-                reservation_release(reservation=made.reservation, actor="t")
-                released.add(made.reservation.pk)
-        time.sleep(0.02)
-
-
-def backends_of_this_database() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
-        row = cursor.fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def start_waiters(pool: Pool, count: int, tenant_key: str) -> tuple[list[threading.Thread], list[Any]]:
-    results: list[Any] = []
-
-    def waiter(index: int) -> None:
-        try:
-            results.append(
-                reservation_create(
-                    request=gpu_request(
-                        pool, 1, wait_timeout_ms=30000, idempotency_key=f"{tenant_key}{index}"
-                    ),
-                    actor="t",
-                )
-            )
-        except Exception as exc:  # reported to the main thread
-            results.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=waiter, args=(index,)) for index in range(count)]
-    for thread in threads:
-        thread.start()
-    return threads, results
-
-
-@pytest.mark.django_db(transaction=True)
-def test_waiting_creates_hold_no_database_connection_and_a_release_wakes_them() -> None:
-    pool = PoolFactory()
-    node = NodeFactory(pool=pool)
-    DeviceFactory(node=node)
-    holder, _ = reservation_create(request=gpu_request(pool, 1), actor="t")
-    LISTENER.start()  # the process's one listening connection, counted in the baseline
-    before = backends_of_this_database()
-
-    threads, results = start_waiters(pool, 5, "w")
-    wait_until(lambda: LISTENER.waiting() == 5)
-    # Five requests wait; once their attempts are over none of them holds a backend (the
-    # main thread's is the baseline's). Held connections would keep the count up for good.
-    wait_until(lambda: backends_of_this_database() <= before)
-
-    reservation_release(reservation=holder, actor="t")
-    # One of them gets the GPU; each release after that wakes the next one.
-    drain_waiters(threads, results)
-    assert [r for r in results if isinstance(r, Exception)] == []
-    assert len(results) == 5
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_tenant_beyond_its_waiting_slots_is_told_to_retry_at_once_and_others_still_wait(
-    settings: Any,
-) -> None:
-    settings.CAPACITY_WAITERS_PER_TENANT = 2
-    pool = PoolFactory()
-    node = NodeFactory(pool=pool)
-    DeviceFactory(node=node)
-    holder, _ = reservation_create(request=gpu_request(pool, 1), actor="t")
-
-    threads, results = start_waiters(pool, 2, "a")
-    wait_until(lambda: LISTENER.waiting() == 2)
-    with pytest.raises(TooManyRequests) as refused:
-        reservation_create(
-            request=gpu_request(pool, 1, wait_timeout_ms=30000, idempotency_key="a3"), actor="t"
-        )
-    assert refused.value.retry_after >= 1
-    # Another tenant's create still waits (its own slots).
-    other = PoolFactory()
-    other_node = NodeFactory(pool=other)
-    DeviceFactory(node=other_node)
-    other_holder, _ = reservation_create(request=gpu_request(other, 1), actor="t")
-    other_threads, other_results = start_waiters(other, 1, "b")
-    wait_until(lambda: LISTENER.waiting() == 3)
-
-    reservation_release(reservation=holder, actor="t")
-    reservation_release(reservation=other_holder, actor="t")
-    drain_waiters(threads, results)
-    drain_waiters(other_threads, other_results)
-    assert [r for r in [*results, *other_results] if isinstance(r, Exception)] == []
-
-
-@pytest.mark.django_db(transaction=True)
-def test_wait_timeout_ends_in_no_capacity_without_a_release() -> None:
-    pool = PoolFactory()
-    node = NodeFactory(pool=pool)
-    DeviceFactory(node=node)
-    reservation_create(request=gpu_request(pool, 1), actor="t")
-    with pytest.raises(NoCapacity):
-        reservation_create(request=gpu_request(pool, 1, wait_timeout_ms=50), actor="t")
-
-
 @pytest.mark.django_db
 def test_the_api_body_parses_into_the_request_the_placer_takes(owned_pool: Pool) -> None:
     request = parse_reservation_request(reservation_body(owned_pool, "acme", duration="90m", spot=True))
@@ -515,7 +356,7 @@ def test_a_reservation_that_ran_to_its_end_gives_back_quota_and_scalars(owned_po
 
     assert QuotaUsage.objects.get(pool=owned_pool).used == 2
     set_clock_offset(timedelta(minutes=11), local=True)
-    services.reservations_reconcile()
+    deadlines.reservations_reconcile()
     reservation.refresh_from_db()
     assert reservation.state == "ended"
     assert QuotaUsage.objects.get(pool=owned_pool).used == 0

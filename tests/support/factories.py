@@ -10,8 +10,8 @@ import factory
 from django.utils import timezone
 
 from core.models import Tenant
-from inventory.models import Device, Node, NodeResource, Offering, Pool, Project, Taint
-from ledger.models import QuotaUsage
+from inventory.models import Device, Node, NodeResource, Pool, Project, Taint
+from ledger.models import Offering, QuotaUsage
 from reservations.models import Allocation, Reservation
 
 

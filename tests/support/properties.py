@@ -1,11 +1,14 @@
-"""Property tests of the parsers: their hypothesis settings, and the check every text parser answers to."""
+"""Property tests: their hypothesis settings, the check every text parser answers to, and a transaction
+always rolled back, so that each generated example starts from the same database."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import pytest
+from django.db import transaction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,3 +44,18 @@ def parsed_or_none(parse: Callable[[str], T], text: str, error: type[Exception])
         return parse(text)
     except error:
         return None
+
+
+class _Rollback(Exception):
+    """Raised at the end of `rolled_back` to undo its transaction."""
+
+
+@contextmanager
+def rolled_back() -> Iterator[None]:
+    """A transaction undone at its end, whatever it wrote; what the body raises goes up as raised."""
+    try:
+        with transaction.atomic():
+            yield
+            raise _Rollback
+    except _Rollback:
+        pass

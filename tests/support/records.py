@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import pytest
+from django.db import IntegrityError, transaction
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 
 from core.clock import compute_now
 from core.models import AuditEvent
 from inventory.models import Device, Node, Pool
-from ledger.models import PoolCapacityRollup
-from reservations.models import Allocation, DeviceBooking
+from reservations.models import Allocation, DeviceBooking, PoolCapacityRollup
 from reservations.rollups.recount import rollup_rebuild
-from tests.support.factories import AllocationFactory
+from tests.support.factories import AllocationFactory, DeviceFactory
 
 COUNTED = ("total", "allocatable", "allocated", "reserved", "available")
 BUCKET_FIELDS = ("provisioning", "unhealthy", "maintenance", "unreachable")
@@ -40,6 +41,15 @@ def book(
     return DeviceBooking.objects.create(
         device=device, allocation=allocation, during=DateTimeTZRange(lower, upper)
     )
+
+
+def assert_an_overlapping_booking_is_refused(first: DateTimeTZRange, overlapping: DateTimeTZRange) -> None:
+    """A device booked for `first` is refused a booking for `overlapping`: the exclusion constraint holds."""
+    device = DeviceFactory.create()
+    allocation = AllocationFactory.create()
+    DeviceBooking.objects.create(device=device, allocation=allocation, during=first)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        DeviceBooking.objects.create(device=device, allocation=allocation, during=overlapping)
 
 
 def row(pool: Pool, resource: str = "gpu") -> PoolCapacityRollup:

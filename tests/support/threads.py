@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 T = TypeVar("T")
 
@@ -90,6 +90,41 @@ def wait_until_blocked_on_lock(worker: Worker) -> None:
         assert worker.is_alive(), f"worker ended without blocking: {worker.error!r}"
         time.sleep(0.01)
     raise AssertionError("the worker never waited on the lock")
+
+
+def transaction_held_open(
+    work: Callable[[], Any], *, commit: threading.Event | None = None
+) -> tuple[Worker, threading.Event]:
+    """A Worker that runs `work` in a transaction and keeps it open, uncommitted, until `commit` is set.
+
+    Returned, with `commit` (a new event unless one is given), once `work` has run: whatever rows
+    `work` wrote or locked stay locked meanwhile. The worker's result is what `work` returned.
+    """
+    done = threading.Event()
+    let_commit = commit if commit is not None else threading.Event()
+
+    def run() -> Any:
+        with transaction.atomic():
+            result = work()
+            done.set()
+            assert let_commit.wait(JOIN_SECONDS)
+        return result
+
+    worker = Worker(run)
+    worker.start()
+    deadline = time.monotonic() + JOIN_SECONDS
+    while not done.wait(0.01):
+        assert worker.is_alive(), f"the transaction ended before it was held: {worker.error!r}"
+        assert time.monotonic() < deadline, "the transaction was never held open"
+    return worker, let_commit
+
+
+def started_until_blocked(target: Callable[[], Any]) -> Worker:
+    """A Worker started on `target`, returned once its backend waits for a lock another transaction holds."""
+    worker = Worker(target)
+    worker.start()
+    wait_until_blocked_on_lock(worker)
+    return worker
 
 
 class Dealer(Generic[T]):

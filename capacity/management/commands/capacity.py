@@ -15,9 +15,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from capacity.preview_cli import preview_command
 from capacity.selectors.pools import capacity_summary, pool_capacity
 from core.models import Tenant
-from inventory.access import visible_pools
 from inventory.schedulability import BUCKETS
-from ledger.models import ROLLUP_COUNTS
+from ledger.access import visible_pools
+from reservations.models import ROLLUP_COUNTS
 
 ROW_COLUMNS = ("resource", *ROLLUP_COUNTS)
 BAR_WIDTH = 30

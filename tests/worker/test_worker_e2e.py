@@ -43,6 +43,7 @@ from tests.support.factories import QuotaUsageFactory
 from tests.support.paths import ROOT
 from tests.support.placement import gpu_request
 from tests.support.records import snapshot, snapshot_after_rebuild
+from tests.worker.watch import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -106,15 +107,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
-
-
 @dataclass
 class Running:
     """`honcho start` of the Procfile: its process (the leader of its own process group), URL and log."""
@@ -175,7 +167,9 @@ def procfile_running(tmp_path: Path) -> Iterator[Running]:
                 return False
             return WorkerJob.objects.filter(name=HEARTBEAT_ROW).exists()
 
-        assert _wait(up, START_SECONDS), f"web or worker did not start:\n{running.output()[-3000:]}"
+        assert wait_for(up, seconds=START_SECONDS), (
+            f"web or worker did not start:\n{running.output()[-3000:]}"
+        )
         running.children = _descendants(process.pid)
         yield running
     finally:
@@ -188,7 +182,7 @@ def procfile_running(tmp_path: Path) -> Iterator[Running]:
                 process.kill()
                 process.wait(STOP_SECONDS)
         for pid in running.children:
-            if _alive(pid) and not _wait(lambda pid=pid: not _alive(pid), STOP_SECONDS):
+            if _alive(pid) and not wait_for(lambda pid=pid: not _alive(pid), seconds=STOP_SECONDS):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -238,6 +232,38 @@ def _gpu_row(running: Running, token: str, pool: Pool) -> dict[str, Any]:
     return next(row for row in body["rows"] if row["resource"] == "gpu")
 
 
+def _acme_whole_quota(pool: Pool, key: str) -> dict[str, Any]:
+    """A create of acme's whole quota (two GPUs) for the shortest duration there is."""
+    devices = [{"class": "gpu", "count": 2}]
+    return {"poolId": pool.pk, "devices": devices, "tenantId": "acme", "duration": 60, "idempotencyKey": key}
+
+
+def _create_what_falls_due(
+    running: Running, acme: str, beta: str, pool: Pool
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """acme's whole quota (a second create is refused), then beta's 30 s lease never renewed and its
+    booking that starts in 40 s: the reservation that ends, the lease, the later booking."""
+    status, ending = running.call("reservations/create", acme, _acme_whole_quota(pool, "ends"))
+    assert status == 201, ending
+    status, refused = running.call("reservations/create", acme, _acme_whole_quota(pool, "more"))
+    assert status == 409 and refused["error"]["code"] == "QUOTA_EXCEEDED", refused
+    one = {"poolId": pool.pk, "devices": [{"class": "gpu", "count": 1}]}
+    status, leased = running.call(
+        "reservations/create",
+        beta,
+        {**one, "tenantId": "beta", "duration": "1h", "leaseSeconds": 30, "idempotencyKey": "lease"},
+    )
+    assert status == 201, leased
+    starts = _ms(compute_now()) + 40_000
+    status, later = running.call(
+        "reservations/create",
+        beta,
+        {**one, "tenantId": "beta", "start": starts, "duration": 60, "idempotencyKey": "later"},
+    )
+    assert status == 201, later
+    return ending, leased, later
+
+
 def test_with_only_the_procfile_running_ends_leases_and_starts_are_acted_on_within_5s(
     tmp_path: Path, owned_pool: Pool, gpu_node: Node
 ) -> None:
@@ -247,35 +273,7 @@ def test_with_only_the_procfile_running_ends_leases_and_starts_are_acted_on_with
     beta = token_issue(tenant_id="beta", role="member", name="e2e beta")[1]
 
     with procfile_running(tmp_path) as running:
-        base = {"poolId": owned_pool.pk, "devices": [{"class": "gpu", "count": 2}]}
-        # acme's whole quota for the shortest duration there is.
-        status, ending = running.call(
-            "reservations/create",
-            acme,
-            {**base, "tenantId": "acme", "duration": 60, "idempotencyKey": "ends"},
-        )
-        assert status == 201, ending
-        status, refused = running.call(
-            "reservations/create",
-            acme,
-            {**base, "tenantId": "acme", "duration": 60, "idempotencyKey": "more"},
-        )
-        assert status == 409 and refused["error"]["code"] == "QUOTA_EXCEEDED", refused
-        # beta's: a 30 s lease never renewed, and a booking that starts in 40 s.
-        one = {"poolId": owned_pool.pk, "devices": [{"class": "gpu", "count": 1}]}
-        status, leased = running.call(
-            "reservations/create",
-            beta,
-            {**one, "tenantId": "beta", "duration": "1h", "leaseSeconds": 30, "idempotencyKey": "lease"},
-        )
-        assert status == 201, leased
-        starts = _ms(compute_now()) + 40_000
-        status, later = running.call(
-            "reservations/create",
-            beta,
-            {**one, "tenantId": "beta", "start": starts, "duration": 60, "idempotencyKey": "later"},
-        )
-        assert status == 201, later
+        ending, leased, later = _create_what_falls_due(running, acme, beta, owned_pool)
         row = _gpu_row(running, acme, owned_pool)
         assert (row["allocated"], row["reserved"]) == (3, 1)
 
@@ -308,11 +306,7 @@ def test_with_only_the_procfile_running_ends_leases_and_starts_are_acted_on_with
         assert watch.late() == {}, running.output()[-3000:]
 
         # What the user sees: the quota is back, the lease is gone, the later booking runs.
-        status, again = running.call(
-            "reservations/create",
-            acme,
-            {**base, "tenantId": "acme", "duration": 60, "idempotencyKey": "more"},
-        )
+        status, again = running.call("reservations/create", acme, _acme_whole_quota(owned_pool, "more"))
         assert status == 201, again
         assert state(ending["id"], "acme", acme) == "ended"
         assert state(later["id"], "beta", beta) == "active"
@@ -352,7 +346,7 @@ def test_ctrl_c_stops_the_web_server_and_the_worker(tmp_path: Path, gpu_node: No
 
         # The periodic jobs run at start (in their own lane, so maybe just after the
         # first pass of the deadline jobs); the others when something falls due.
-        assert _wait(periodic_ran, START_SECONDS), running.healthz()
+        assert wait_for(periodic_ran, seconds=START_SECONDS), running.healthz()
         commands = {(Path("/proc") / str(pid) / "cmdline").read_bytes() for pid in running.children}
         assert any(b"gunicorn" in c for c in commands) and any(b"worker" in c for c in commands), commands
         running.ctrl_c()
@@ -409,7 +403,7 @@ def test_a_worker_killed_in_the_middle_of_a_job_loses_nothing_and_repeats_nothin
         with transaction.atomic():
             QuotaUsage.objects.select_for_update().get(pool=owned_pool, tenant_id="acme", resource="gpu")
             first = _worker_process(tmp_path, "first")
-            assert _wait(_blocked_on_a_lock, START_SECONDS), (tmp_path / "first.log").read_text()
+            assert wait_for(_blocked_on_a_lock, seconds=START_SECONDS), (tmp_path / "first.log").read_text()
             first.send_signal(signal.SIGKILL)  # mid-pass, mid-transaction
             first.wait(STOP_SECONDS)
     finally:
@@ -417,13 +411,13 @@ def test_a_worker_killed_in_the_middle_of_a_job_loses_nothing_and_repeats_nothin
             first.kill()
             first.wait(STOP_SECONDS)
     # Its backend notices the client is gone once the lock is granted, and rolls back.
-    assert _wait(lambda: not _blocked_on_a_lock(), STOP_SECONDS)
+    assert wait_for(lambda: not _blocked_on_a_lock(), seconds=STOP_SECONDS)
 
     second = _worker_process(tmp_path, "second")
     try:
-        assert _wait(
+        assert wait_for(
             lambda: Reservation.objects.filter(pk__in=ids, state="released").count() == len(ids),
-            START_SECONDS,
+            seconds=START_SECONDS,
         ), (tmp_path / "second.log").read_text()
     finally:
         second.send_signal(signal.SIGTERM)

@@ -12,7 +12,8 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from core.decisions import decide_tenant
 from core.errors import NotFound
 from core.models import Principal
-from inventory.models import Offering, Pool
+from inventory.models import Pool
+from ledger.models import Offering
 
 
 def visible_pools(*, tenant_id: str) -> QuerySet[Pool]:

@@ -15,7 +15,8 @@ from tests.support.factories import NodeFactory, PoolFactory, gpus
 from tests.support.records import row
 from tests.support.threads import Worker
 from worker import reconciler
-from worker.jobs import WorkerLoop, worker_jobs
+from worker.jobs import worker_jobs
+from worker.loop import WorkerLoop
 from worker.reconciler import reconcile_once
 
 
@@ -27,10 +28,8 @@ def hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Callable[[], None]]]
     yield steps
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_advisory_lock_lets_only_one_of_two_reconcilers_run(hooks: list[Callable[[], None]]) -> None:
-    pool = PoolFactory.create()
-    gpus(NodeFactory.create(pool=pool), 2)
+def slow_reservations_pass(hooks: list[Callable[[], None]]) -> tuple[threading.Event, threading.Event]:
+    """The reservations' pass waits in a step of its own: `inside` is set there, it goes on at `finish`."""
     inside, finish = threading.Event(), threading.Event()
 
     def slow_hook() -> None:
@@ -38,6 +37,14 @@ def test_the_advisory_lock_lets_only_one_of_two_reconcilers_run(hooks: list[Call
         assert finish.wait(30)
 
     hooks.append(slow_hook)
+    return inside, finish
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_advisory_lock_lets_only_one_of_two_reconcilers_run(hooks: list[Callable[[], None]]) -> None:
+    pool = PoolFactory.create()
+    gpus(NodeFactory.create(pool=pool), 2)
+    inside, finish = slow_reservations_pass(hooks)
     results: dict[str, bool] = {}
     first = Worker(lambda: results.__setitem__("first", reconcile_once()))
     first.start()
@@ -80,13 +87,7 @@ def test_reconcile_once_skips_while_another_session_holds_the_lock(hooks: list[C
 def test_the_workers_rebuild_and_a_manual_one_never_run_at_once(hooks: list[Callable[[], None]]) -> None:
     pool = PoolFactory.create()
     gpus(NodeFactory.create(pool=pool), 1)
-    inside, finish = threading.Event(), threading.Event()
-
-    def slow_hook() -> None:
-        inside.set()
-        assert finish.wait(30)
-
-    hooks.append(slow_hook)
+    inside, finish = slow_reservations_pass(hooks)
     manual = Worker(reconcile_once)
     manual.start()
     assert inside.wait(30)

@@ -16,9 +16,8 @@ from django.utils import timezone
 
 from core.models import AuditEvent
 from inventory.models import Node, Pool, Taint
-from ledger.models import PoolCapacityRollup
 from operations.selectors import node_allocatable_gpus, node_atoms
-from reservations.models import DeviceBooking
+from reservations.models import DeviceBooking, PoolCapacityRollup
 from tests.support.admin import messages_of
 from tests.support.factories import AllocationFactory, DeviceFactory, NodeFactory, ReservationFactory
 

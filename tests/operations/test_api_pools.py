@@ -14,8 +14,8 @@ from rest_framework.test import APIClient
 
 from core.models import AuditEvent, Tenant
 from fleets.load import fleet_load
-from inventory.models import Offering, Pool
-from ledger.models import QuotaUsage
+from inventory.models import Pool
+from ledger.models import Offering, QuotaUsage
 from tests.support.api import ClientFor, assert_error, invalid_fields, post_json
 from tests.support.clock import now_ms
 from tests.support.factories import DeviceFactory, NodeFactory, TenantFactory

@@ -1,0 +1,61 @@
+"""Where the cluster of `make cluster` lives, and what its launcher started (`config/cluster.py`).
+
+Everything is in `.cluster/` (`CLUSTER_DIR`), on one block of ports of its
+own; `state.json` keeps the pids and ports `up` started, so that `stop` and
+the fault commands find them again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE_DIR = Path(os.environ.get("CLUSTER_DIR", ROOT / ".cluster"))
+DB_NAME = "postgres"
+
+
+@dataclass
+class Ports:
+    """One block of ports, far from PostgreSQL's 5432 and `make run`'s 8000."""
+
+    balancer: int = int(os.environ.get("CLUSTER_PORT", "8100"))
+    primary: int = int(os.environ.get("CLUSTER_PG_PORT", "55431"))
+
+    @property
+    def replica(self) -> int:
+        return self.primary + 1
+
+    @property
+    def pgbouncer(self) -> int:
+        return self.primary + 2
+
+    def api(self, index: int) -> int:
+        return self.balancer + 1 + index
+
+
+@dataclass
+class State:
+    """What `up` started, so `stop` and the fault commands find it again (`.cluster/state.json`)."""
+
+    apis: int
+    balancer: int
+    primary: int
+    pids: dict[str, int] = field(default_factory=dict)
+    admin_password: str = ""
+
+    @property
+    def ports(self) -> Ports:
+        return Ports(balancer=self.balancer, primary=self.primary)
+
+    def save(self) -> None:
+        (STATE_DIR / "state.json").write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls) -> State | None:
+        path = STATE_DIR / "state.json"
+        if not path.exists():
+            return None
+        return cls(**json.loads(path.read_text()))

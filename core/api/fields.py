@@ -1,0 +1,125 @@
+"""Strict input: serializers and fields that take a JSON value only as the contract spells it.
+
+DRF coerces (`"5"` to 5, `1` to True, 5 to `"5"`) and ignores unknown fields;
+these refuse both, so a client's bug is an INVALID_INPUT naming the field.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from typing import Any, cast
+
+from django.core.validators import RegexValidator
+from rest_framework import serializers
+from rest_framework.settings import api_settings
+
+from core.constants import MAX_TIME_MS, NODE_ID_REGEX, POOL_ID_REGEX, TENANT_ID_REGEX
+from core.errors import MAX_ERROR_DETAILS, more_detail
+
+
+class StrictSerializer(serializers.Serializer):
+    """An input serializer that refuses unknown fields, at every depth (nest StrictSerializers)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            if self.parent is None:
+                raise serializers.ValidationError({"body": ["must be a JSON object"]})
+            raise serializers.ValidationError(["must be a JSON object"])
+        # Unknown fields and bad known fields are reported together: `details`
+        # names every bad field, so a client fixes its request in one go. Only
+        # the first unknown ones (in name order) are named, and the rest counted:
+        # a body of 100,000 unknown keys gets an answer the size of any other.
+        unknown = set(data) - set(self.fields)
+        errors: dict[str, Any] = {
+            name: ["unknown field"] for name in heapq.nsmallest(MAX_ERROR_DETAILS, unknown)
+        }
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if not isinstance(exc.detail, dict):
+                raise
+            errors.update(exc.detail)
+        if len(unknown) > MAX_ERROR_DETAILS:
+            more = more_detail(len(unknown) - MAX_ERROR_DETAILS, "unknown fields")["message"]
+            errors.setdefault(api_settings.NON_FIELD_ERRORS_KEY, []).append(more)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """An integer that must be a JSON number without a fraction: `"5"`, `5.5` and `true` are refused."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        if isinstance(data, float) and not data.is_integer():
+            self.fail("invalid")
+        value: int = super().to_internal_value(data)
+        return value
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON `true` or `false` only; `"yes"` or `1` would hide a client's bug."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only (DRF would turn `5` into `"5"`); whitespace kept as sent."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        value: str = super().to_internal_value(data)
+        return value
+
+
+class WholeRegexValidator(RegexValidator):
+    """A `RegexValidator` that matches the whole value (`fullmatch`).
+
+    The patterns keep the contract's `^…$` spelling, which is what they mean in
+    the OpenAPI document (ECMA-262, where `$` is the end of the text). In
+    Python `$` also matches before a final newline, so `re.search` would take
+    `"abc\n"` for `^[a-z]+$`; `fullmatch` does not.
+    """
+
+    def __call__(self, value: Any) -> None:
+        pattern = cast(re.Pattern[str], self.regex)  # compiled by RegexValidator.__init__
+        if not isinstance(value, str) or pattern.fullmatch(value) is None:
+            raise serializers.ValidationError(self.message, code=self.code)
+
+
+class StrictRegexField(StrictCharField):
+    """A JSON string matching a pattern whole, with the pattern in the error message."""
+
+    def __init__(self, regex: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validators.append(WholeRegexValidator(regex, message=f"must match {regex}"))
+
+
+def tenant_id_field(**kwargs: Any) -> StrictRegexField:
+    kwargs.setdefault("source", "tenant_id")
+    return StrictRegexField(TENANT_ID_REGEX, max_length=128, **kwargs)
+
+
+def pool_id_field(**kwargs: Any) -> StrictRegexField:
+    kwargs.setdefault("source", "pool_id")
+    return StrictRegexField(POOL_ID_REGEX, max_length=57, **kwargs)
+
+
+def node_id_field(**kwargs: Any) -> StrictRegexField:
+    kwargs.setdefault("source", "node_id")
+    return StrictRegexField(NODE_ID_REGEX, max_length=57, **kwargs)
+
+
+def time_ms_field(**kwargs: Any) -> StrictIntegerField:
+    return StrictIntegerField(min_value=0, max_value=MAX_TIME_MS, **kwargs)

@@ -1,0 +1,146 @@
+"""The RPC viewset: the base of every `POST /api/compute/<group>/<method>` group and its steps.
+
+A view reads as: validate (`rpc_input`) → decide (`core.decisions`) → call one
+service or selector → serialize (`rpc_output`); `rpc_tenant_input` and
+`rpc_platform_input` are the first two steps for the usual decisions.
+`rpc_action` declares a method and its OpenAPI operation; `RpcAutoSchema` and
+`BearerTokenScheme` name them as the contract does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiExample, extend_schema
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from core.api.envelope import ErrorSerializer
+from core.api.parsing import EscapedJSONRenderer, StrictJSONParser, check_json_body
+from core.authentication import BearerTokenAuthentication, PrincipalRequired, principal_of
+from core.decisions import WRITE_PERMISSIONS, decide_platform, decide_tenant
+from core.ratelimit import writes_count
+from core.replica import replica_aware
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """`Authorization: Bearer bc_...` in the OpenAPI document (and Swagger UI's Authorize button)."""
+
+    target_class = "core.authentication.BearerTokenAuthentication"
+    name = "bearerToken"
+
+    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "a token from `manage.py issue_token`"}
+
+
+class RpcAutoSchema(AutoSchema):
+    """Operation ids and tags as the contract names methods: `capacity.byPool`, tag `capacity`."""
+
+    def _method_path(self) -> list[str]:
+        return [part for part in self.path.split("/") if part][-2:]
+
+    def get_operation_id(self) -> str:
+        return ".".join(self._method_path())
+
+    def get_tags(self) -> list[str]:
+        return self._method_path()[:1]
+
+
+class RpcViewSet(viewsets.ViewSet):
+    """Base for every `POST /api/compute/<group>/<method>` group: bearer tokens, JSON in and out."""
+
+    authentication_classes = [BearerTokenAuthentication]
+    permission_classes = [PrincipalRequired]
+    parser_classes = [StrictJSONParser]
+    renderer_classes = [EscapedJSONRenderer]
+    schema = RpcAutoSchema()
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        # Authentication and the principal check first: an anonymous caller
+        # learns nothing about what a valid body looks like.
+        super().initial(request, *args, **kwargs)
+        if request.method == "POST":
+            check_json_body(request)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ERROR_RESPONSES: dict[int, type[serializers.Serializer]] = {
+    400: ErrorSerializer,
+    401: ErrorSerializer,
+    403: ErrorSerializer,
+    404: ErrorSerializer,
+}
+
+
+def rpc_action(
+    method: str,
+    *,
+    request: type[serializers.BaseSerializer],
+    response: type[serializers.BaseSerializer],
+    summary: str,
+    description: str = "",
+    status: int = 200,
+    errors: dict[int, type[serializers.Serializer]] | None = None,
+    examples: list[OpenApiExample] | None = None,
+) -> Callable[[F], F]:
+    """`@action(detail=False, methods=["post"], url_path=method)` plus its exact `@extend_schema`."""
+
+    def decorate(func: F) -> F:
+        responses: dict[int, Any] = {status: response, **ERROR_RESPONSES, **(errors or {})}
+        # extend_schema goes on the outside, as drf-spectacular documents for actions.
+        # `replica_aware`: the lag-tolerant reads may run on a replica (core.replica); a no-op without one.
+        routed: Any = action(detail=False, methods=["post"], url_path=method)(replica_aware(func))
+        text = description or func.__doc__ or ""
+        decorated: F = extend_schema(
+            request=request, responses=responses, summary=summary, description=text, examples=examples
+        )(routed)
+        return decorated
+
+    return decorate
+
+
+def rpc_input(request: Request, serializer_class: type[serializers.BaseSerializer]) -> dict[str, Any]:
+    """Validate the body; every bad field ends up in one INVALID_INPUT."""
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    data: dict[str, Any] = dict(serializer.validated_data)
+    return data
+
+
+def rpc_tenant_input(
+    request: Request, serializer_class: type[serializers.BaseSerializer], *, permission: str
+) -> dict[str, Any]:
+    """`rpc_input`, then the decision on the body's tenant: a method "decided on the tenant"."""
+    data = rpc_input(request, serializer_class)
+    decide_tenant(principal=principal_of(request), tenant_id=data["tenant_id"], permission=permission)
+    if permission in WRITE_PERMISSIONS:
+        rpc_write_count(request, tenant_id=data["tenant_id"])
+    return data
+
+
+def rpc_write_count(request: Request, *, tenant_id: str) -> None:
+    """Count a write against the token's and the tenant's rate limits (after the decision, so a
+    refused caller spends nothing); `RATE_LIMITED` beyond them."""
+    writes_count(token_id=str(request.auth.pk), tenant_id=tenant_id)
+
+
+def rpc_platform_input(
+    request: Request, serializer_class: type[serializers.BaseSerializer], *, permission: str
+) -> dict[str, Any]:
+    """`rpc_input`, then the decision on the platform: the node operations and node reports."""
+    data = rpc_input(request, serializer_class)
+    decide_platform(principal=principal_of(request), permission=permission)
+    return data
+
+
+def rpc_output(
+    serializer_class: type[serializers.BaseSerializer], instance: Any, *, status: int = 200
+) -> Response:
+    """Serialize the service's or selector's answer."""
+    return Response(serializer_class(instance).data, status=status)

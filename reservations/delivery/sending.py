@@ -1,0 +1,66 @@
+"""What a delivery tells the nodes: one outbox row's news, sent to the node daemon.
+
+"assign" sends the reservation's assignments (`daemon_deliver`); "shorten"
+brings the nodes' records in line with its cut bookings (`daemon_shorten`).
+A node that refuses an assignment (guard 6) leaves the reservation to the
+control plane: `assignment_refused` is sent, inside the delivery's
+transaction, and `reservations.services` releases the reservation on it. The
+delivery never imports the services: they write its rows
+(`reservations.delivery.outbox`), so the news goes up by the signal.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+from reservations.delivery.daemon import daemon_behind, daemon_deliver, daemon_shorten
+from reservations.models import DeliveryKind, Reservation
+
+# Sent with `reservation_id` and `refusal` (the node's `AllocationFailed`) when a node
+# refuses a live reservation's assignment; a receiver that raises fails the delivery.
+assignment_refused = Signal()
+
+
+def delivery_send(*, reservation_id: str, kind: str) -> None:
+    """Tell the nodes one outbox row's news (the outbox calls this); raises when a node cannot be reached.
+
+    "assign" sends the reservation's assignments, releasing it if a node
+    refuses (guard 6); "shorten" brings the nodes' records in line with its
+    cut bookings.
+    """
+    if kind == DeliveryKind.ASSIGN:
+        reservation_deliver(reservation_id=reservation_id)
+    else:
+        daemon_shorten(reservation_id=reservation_id)
+
+
+def reservation_deliver(*, reservation_id: str) -> bool:
+    """Tell the nodes about a committed reservation; on a refusal, `assignment_refused` (guard 6).
+
+    True if every node accepted (or the reservation no longer runs, so there
+    is nothing to tell). The release the refusal brings writes its own
+    "shorten" delivery, which drops what the other nodes of a gang accepted.
+    """
+    if not Reservation.objects.filter(pk=reservation_id, state__in=["scheduled", "active"]).exists():
+        return True
+    refusal = daemon_deliver(reservation_id=reservation_id)
+    if refusal is None:
+        return True
+    if not assignment_refused.has_listeners(Reservation):
+        # Never a silent guard 6: a process that delivers has the services loaded (`ReservationsConfig`).
+        raise RuntimeError("a node refused an assignment and nothing releases the reservation")
+    assignment_refused.send(sender=Reservation, reservation_id=reservation_id, refusal=refusal)
+    return False
+
+
+def reservations_redeliver(*, limit: int = 500) -> int:
+    """Catch the nodes up on live reservations they lack or hold uncut; return how many were behind.
+
+    Not scheduled: the outbox delivers every change. This is the resync for a
+    node that lost its own record (reinstalled, restored from an old backup).
+    """
+    behind = daemon_behind(limit=limit)
+    for reservation_id in behind:
+        daemon_shorten(reservation_id=reservation_id)
+        reservation_deliver(reservation_id=reservation_id)
+    return len(behind)
