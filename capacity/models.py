@@ -1,4 +1,4 @@
-"""Capacity reads the ledger's counters and the bookings below it; it owns only the hourly usage.
+"""Capacity reads the rollups and the bookings below it; it owns only the hourly usage.
 
 `HourlyUsage` is what was held per hour, tenant, pool, project, resource and
 spot flag, written by the worker's `usage-close` job once an hour has closed

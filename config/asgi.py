@@ -1,3 +1,5 @@
+"""ASGI entry point: the same application as `config.wsgi`, for ASGI servers."""
+
 import os
 
 from django.core.asgi import get_asgi_application

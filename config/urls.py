@@ -1,3 +1,5 @@
+"""The URLs: the landing page, `/healthz`, the admin, the API under `/api/compute/`, its schema and docs."""
+
 from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView

@@ -1,3 +1,5 @@
+"""WSGI entry point: what gunicorn serves (the Procfile's `web`)."""
+
 import os
 
 from django.core.wsgi import get_wsgi_application

@@ -1,4 +1,8 @@
-"""Helpers for migrations that move a model between apps without touching its table."""
+"""Helpers for migrations: moving a model between apps without touching its table, and trigger SQL.
+
+The SQL builders return text that applied migrations have run: they must not
+change, and a trigger of another shape gets a builder of its own.
+"""
 
 from __future__ import annotations
 
@@ -46,3 +50,29 @@ def taken_over(app_label: str, migration_name: str) -> list[Operation]:
     """
     module = importlib.import_module(f"{app_label}.migrations.{migration_name}")
     return copy.deepcopy(list(module.Migration.operations))
+
+
+def model_created_by(app_label: str, migration_name: str, model_name: str) -> migrations.CreateModel:
+    """A copy of the `CreateModel` of `model_name` in another app's migration: a model moving in as made."""
+    for operation in taken_over(app_label, migration_name):
+        if isinstance(operation, migrations.CreateModel) and operation.name == model_name:
+            return operation
+    raise LookupError(f"{app_label}.{migration_name} creates no model {model_name}")
+
+
+def statement_triggers(function: str, table: str) -> str:
+    """SQL: insert, update and delete triggers running `function` once a statement, with transition tables."""
+    return f"""CREATE TRIGGER {function}_insert AFTER INSERT ON {table}
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {function}();
+CREATE TRIGGER {function}_update AFTER UPDATE ON {table}
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {function}();
+CREATE TRIGGER {function}_delete AFTER DELETE ON {table}
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION {function}();"""
+
+
+def row_trigger_on_change(trigger: str, table: str, column: str, function: str) -> str:
+    """SQL: a row trigger that runs `function` after an update of `table` gives `column` another value."""
+    return f"""CREATE TRIGGER {trigger} AFTER UPDATE OF {column} ON {table}
+    FOR EACH ROW WHEN (OLD.{column} IS DISTINCT FROM NEW.{column})
+    EXECUTE FUNCTION {function}();"""

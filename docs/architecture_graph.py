@@ -1,7 +1,7 @@
 """Draw the apps' layers from the code: `make architecture` writes docs/architecture.svg.
 
 The picture is generated, never drawn by hand. grimp (the import graph that
-import-linter checks the layers contract on) reads every module of the six
+import-linter checks the layers contract on) reads every module of the
 apps; the graph is collapsed to one box per app and one arrow per pair of apps
 that import each other, labelled with how many module -> module imports it
 stands for (every `import`/`from ... import` counts, at module level or inside
@@ -30,11 +30,13 @@ OUTPUT = ROOT / "docs" / "architecture.svg"
 # Top to bottom, as in the import-linter `layers` contract in pyproject.toml.
 LAYERS: tuple[tuple[str, str], ...] = (
     ("fleets", "fleet files: parse, load, synthetic fleets"),
-    ("capacity", "reads and operator views, reconciler, CLI, consoles"),
-    ("reservations", "request, placer, lifecycle, bookings, fake daemon"),
-    ("ledger", "guarded counters: pool rollups, quota usage"),
-    ("inventory", "pools, offerings, nodes, devices, schedulability"),
-    ("core", "tenants, ids, clock, errors, credentials, audit"),
+    ("worker", "the timed jobs of every app, one loop"),
+    ("operations", "the operator's endpoints, consoles, commands"),
+    ("capacity", "capacity reads, planning, usage, the CLI"),
+    ("reservations", "request, placer, lifecycle, node events, rollups"),
+    ("ledger", "offerings, access, quota usage"),
+    ("inventory", "pools, nodes, devices, reports, schedulability"),
+    ("core", "tenants, ids, clock, errors, the API base, audit"),
 )
 
 # Geometry, in SVG user units.

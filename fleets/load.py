@@ -59,25 +59,23 @@ def _load_pools(pools: list[PoolSpec], *, actor: str) -> tuple[dict[str, str], l
             pool_ids[spec.key] = existing.pk
             kept.append(spec.key)
             continue
+        # The pool settings a file declares, the same for a new pool and a known one.
+        settings: dict[str, Any] = {
+            "gpu_model": spec.gpu_model,
+            "sharing": spec.sharing,
+            "slots_per_gpu": spec.slots_per_gpu,
+            "notice_seconds": spec.notice_seconds,
+        }
         if existing is None:
             pool = pool_create(
                 owner_id=spec.owner,
                 name=spec.name,
                 actor=actor,
-                gpu_model=spec.gpu_model,
-                sharing=spec.sharing,
-                slots_per_gpu=spec.slots_per_gpu,
-                notice_seconds=spec.notice_seconds,
                 archived=spec.archived,
                 via_api=False,
+                **settings,
             )
         else:
-            settings = {
-                "gpu_model": spec.gpu_model,
-                "sharing": spec.sharing,
-                "slots_per_gpu": spec.slots_per_gpu,
-                "notice_seconds": spec.notice_seconds,
-            }
             pool_update(pool_id=existing.pk, changes=settings, actor=actor, via_api=False)
             pool = pool_set_archived(pool_id=existing.pk, archived=spec.archived, actor=actor, via_api=False)
         pool_ids[spec.key] = pool.pk

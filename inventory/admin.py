@@ -1,8 +1,8 @@
-"""The admin's plain records of the inventory: projects, offerings, taints, devices.
+"""The admin's plain records of the inventory: projects, taints, devices.
 
-The operator consoles for nodes and pools (actions, buckets, timelines) and
-node resources (whose edits move the rollups) are in `capacity.admin`, the
-layer that sees bookings and rollups too.
+The operator consoles for nodes and pools (actions, buckets, timelines),
+offerings and node resources (whose edits move the rollups) are in
+`operations.admin`, the layer that sees bookings and rollups too.
 """
 
 from __future__ import annotations

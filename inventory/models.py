@@ -1,4 +1,4 @@
-"""Tenants, pools, nodes and devices: what the fleet has.
+"""Pools, projects, nodes, taints, node resources and devices: what the fleet has.
 
 Node and device rows are also the rows the placer locks `FOR SHARE` (guard 4):
 every operator action that changes eligibility writes one of them, so a

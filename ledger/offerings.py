@@ -11,19 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.db import transaction
+
 from core.errors import Conflict, InvalidInput, NotFound
 from core.models import Tenant
 from core.services import audit_record
 from inventory.models import Pool
-from inventory.services.pools import pool_mark_api_changed
-from ledger.models import Offering
-
-pass
-
-
-from django.db import transaction
-
-from ledger.models import QuotaUsage
+from inventory.services.pools import pool_audit, pool_mark_api_changed
+from ledger.models import Offering, QuotaUsage
 from ledger.quota import quota_limits_apply, quota_rows, quota_rows_lock, quota_rows_remove
 
 
@@ -54,15 +49,7 @@ def offering_create(
     quota_limits_apply(
         pool_id=pool.pk, tenant_id=tenant_id, limits=dict(quota), mode=mode, refuse_below_use=via_api
     )
-    if via_api:
-        pool_mark_api_changed(pool_id=pool.pk)
-    audit_record(
-        actor=actor,
-        action="offering.create",
-        subject_type="pool",
-        subject_id=pool.pk,
-        data={"tenant": tenant_id, "quota": quota, "mode": mode, "via": "api" if via_api else "fleet"},
-    )
+    _changed(pool, "offering.create", actor=actor, via_api=via_api, tenant=tenant_id, quota=quota, mode=mode)
     return offering_find(pool_id=pool.pk, tenant_id=tenant_id)
 
 
@@ -88,21 +75,11 @@ def offering_update(
         pool_id=pool.pk, tenant_id=tenant_id, limits=dict(quota), mode=mode, refuse_below_use=via_api
     )
     after = _limits(pool.pk, tenant_id)
-    if after != before:
-        if via_api:
-            pool_mark_api_changed(pool_id=pool.pk)
-        audit_record(
-            actor=actor,
-            action="offering.update",
-            subject_type="pool",
-            subject_id=pool.pk,
-            data={
-                "tenant": tenant_id,
-                "before": before,
-                "after": after,
-                "via": "api" if via_api else "fleet",
-            },
-        )
+    if after == before:
+        return offering
+    _changed(
+        pool, "offering.update", actor=actor, via_api=via_api, tenant=tenant_id, before=before, after=after
+    )
     return offering
 
 
@@ -116,6 +93,13 @@ def offering_declare(
         )
     else:
         offering_create(pool=pool, tenant_id=tenant_id, quota=quota, mode=mode, actor=actor, via_api=False)
+
+
+def _changed(pool: Pool, action: str, *, actor: str, via_api: bool, **data: Any) -> None:
+    """Audit an offering's change; one made through the API stamps the pool too (fleet files leave it be)."""
+    if via_api:
+        pool_mark_api_changed(pool_id=pool.pk)
+    pool_audit(pool.pk, action, actor=actor, via_api=via_api, **data)
 
 
 def _limits(pool_id: str, tenant_id: str) -> dict[str, list[Any]]:

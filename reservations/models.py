@@ -1,5 +1,8 @@
-"""Reservations, their allocations (one per node), device bookings (one per atom), and the pools' capacity
-rollups those bookings move (one row per pool and resource)."""
+"""Reservations, allocations (one per node), device bookings (one per atom) and the rollups they move.
+
+A pool's rollup rows (one per resource) are kept here, beside the bookings:
+every booking's transaction applies its delta to them (`reservations.rollups`).
+"""
 
 from __future__ import annotations
 

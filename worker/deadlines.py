@@ -42,7 +42,7 @@ SELECT compute_now(),
                ORDER BY p.i)
 """
 
-# The deadlines a job can serve (the fields of `Deadlines`).
+# The deadlines a job can serve (the fields of `Deadlines`), in the order `_DEADLINES_SQL` selects them.
 DEADLINE_KINDS = (
     "lease_expiry",
     "reservation_end",
@@ -104,15 +104,7 @@ def next_deadline(*, periodic: dict[str, float] | None = None) -> Deadlines:
         )
         row = cursor.fetchone()
     assert row is not None
-    now, lease, ends, start, end, stale, delivery, usage_close, due = row
-    return Deadlines(
-        now=now,
-        lease_expiry=lease,
-        reservation_end=ends,
-        booking_start=start,
-        booking_end=end,
-        node_stale=stale,
-        delivery=delivery,
-        periodic=dict(zip(names, due, strict=True)),
-        usage_close=usage_close,
-    )
+    # Between `now` and the periodic jobs' times: one column per kind, in `DEADLINE_KINDS` order.
+    now, *times, due = row
+    kinds = dict(zip(DEADLINE_KINDS, times, strict=True))
+    return Deadlines(now=now, periodic=dict(zip(names, due, strict=True)), **kinds)

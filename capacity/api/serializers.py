@@ -1,4 +1,4 @@
-"""Input and output of the capacity read methods (`summary`, `byPool`, and `pools/capacity`)."""
+"""Input and output of the `capacity/*` methods: the rollup reads and the placer's answers."""
 
 from __future__ import annotations
 

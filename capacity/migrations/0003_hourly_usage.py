@@ -1,6 +1,6 @@
 # The hourly usage the worker writes once an hour closes (capacity.usage), and the trigger that keeps it history.
-import django.db.models.expressions
 from django.db import migrations, models
+from django.db.models.expressions import Func
 
 # A usage row is never changed or removed: a late change is a correction row.
 # (TRUNCATE, which tests use between cases, fires no row trigger.)
@@ -26,50 +26,25 @@ DROP FUNCTION IF EXISTS capacity_usage_write_once();
 
 class Migration(migrations.Migration):
     dependencies = [("capacity", "0002_counters_move_to_ledger"), ("inventory", "0001_initial")]
-
     operations = [
         migrations.CreateModel(
             name="UsageHour",
-            fields=[
-                ("hour", models.DateTimeField(primary_key=True, serialize=False)),
-                (
-                    "closed_at",
-                    models.DateTimeField(
-                        db_default=django.db.models.expressions.Func(function="compute_now")
-                    ),
-                ),
-                ("rows", models.IntegerField(default=0)),
-            ],
+            fields=[("hour", models.DateTimeField(primary_key=True, serialize=False)), ("closed_at", models.DateTimeField(db_default=Func(function="compute_now"))), ("rows", models.IntegerField(default=0))],
             options={"ordering": ["-hour"]},
         ),
         migrations.CreateModel(
             name="HourlyUsage",
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("hour", models.DateTimeField()),
-                ("tenant_id", models.CharField(max_length=128)),
-                ("pool_id", models.CharField(max_length=57)),
-                ("project_id", models.CharField(blank=True, default="", max_length=56)),
-                ("resource", models.CharField(max_length=16)),
-                ("spot", models.BooleanField(default=False)),
-                ("usage_us", models.BigIntegerField()),
-                ("revision", models.PositiveSmallIntegerField(default=0)),
-                (
-                    "created_at",
-                    models.DateTimeField(
-                        db_default=django.db.models.expressions.Func(function="compute_now")
-                    ),
-                ),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)), ("hour", models.DateTimeField()),
+                ("tenant_id", models.CharField(max_length=128)), ("pool_id", models.CharField(max_length=57)),
+                ("project_id", models.CharField(blank=True, default="", max_length=56)), ("resource", models.CharField(max_length=16)),
+                ("spot", models.BooleanField(default=False)), ("usage_us", models.BigIntegerField()),
+                ("revision", models.PositiveSmallIntegerField(default=0)), ("created_at", models.DateTimeField(db_default=Func(function="compute_now"))),
             ],
             options={
                 "verbose_name_plural": "hourly usage",
                 "indexes": [models.Index(fields=["-hour"], name="hourly_usage_hour")],
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("tenant_id", "hour", "pool_id", "project_id", "resource", "spot", "revision"),
-                        name="hourly_usage_unique",
-                    )
-                ],
+                "constraints": [models.UniqueConstraint(fields=("tenant_id", "hour", "pool_id", "project_id", "resource", "spot", "revision"), name="hourly_usage_unique")],
             },
         ),
         migrations.RunSQL(WRITE_ONCE_SQL, WRITE_ONCE_REVERSE_SQL),

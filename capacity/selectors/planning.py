@@ -1,4 +1,8 @@
-"""TODO docstring."""
+"""The placer's answers on a request, nothing written: preview (now?), explain (why not?), earliest (when?).
+
+Each takes a resolved request (`reservations.request.resolve`) and asks the
+placer's read-only planning (`reservations.placer`) for the contract's shape.
+"""
 
 from __future__ import annotations
 

@@ -4,25 +4,9 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('inventory', '0004_node_heartbeat_watch'),
-    ]
-
+    dependencies = [("inventory", "0004_node_heartbeat_watch")]
     operations = [
-        migrations.AddField(
-            model_name='pool',
-            name='api_changed_at',
-            field=models.DateTimeField(blank=True, null=True),
-        ),
-        migrations.AddField(
-            model_name='pool',
-            name='gang_topology_key',
-            field=models.CharField(blank=True, db_default='', default='', max_length=128),
-        ),
-        migrations.AddField(
-            model_name='pool',
-            name='labels',
-            field=models.JSONField(blank=True, db_default={}, default=dict),
-        ),
+        migrations.AddField("pool", "api_changed_at", models.DateTimeField(blank=True, null=True)),
+        migrations.AddField("pool", "gang_topology_key", models.CharField(blank=True, db_default="", default="", max_length=128)),
+        migrations.AddField("pool", "labels", models.JSONField(blank=True, db_default={}, default=dict)),
     ]

@@ -1,4 +1,4 @@
-"""Inventory writes: turning node reports into devices, and registering nodes.
+"""Node reports applied: what a node says it has becomes its devices, scalars and heartbeat.
 
 A report is applied set-based (one statement per kind of change, for one node or
 a batch of nodes), inside one transaction, after locking the node rows

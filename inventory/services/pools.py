@@ -98,12 +98,8 @@ def pool_create(
     if archived or stamp:
         Pool.objects.filter(pk=pool.pk).update(**stamp, **({"archived_at": _now()} if archived else {}))
         pool.refresh_from_db()
-    audit_record(
-        actor=actor,
-        action="pool.create",
-        subject_type="pool",
-        subject_id=pool.pk,
-        data={"owner": owner_id, "name": name, "sharing": sharing, "via": "api" if via_api else "fleet"},
+    pool_audit(
+        pool.pk, "pool.create", actor=actor, via_api=via_api, owner=owner_id, name=name, sharing=sharing
     )
     return pool
 
@@ -140,17 +136,8 @@ def pool_update(*, pool_id: str, changes: dict[str, Any], actor: str, via_api: b
             )
     stamp: dict[str, Any] = {"api_changed_at": _now()} if via_api else {}
     Pool.objects.filter(pk=pool.pk).update(**differ, **stamp)
-    audit_record(
-        actor=actor,
-        action="pool.update",
-        subject_type="pool",
-        subject_id=pool.pk,
-        data={
-            "before": {name: before[name] for name in differ},
-            "after": differ,
-            "via": "api" if via_api else "fleet",
-        },
-    )
+    was = {name: before[name] for name in differ}
+    pool_audit(pool.pk, "pool.update", actor=actor, via_api=via_api, before=was, after=differ)
     pool.refresh_from_db()
     return pool
 
@@ -166,15 +153,20 @@ def pool_set_archived(*, pool_id: str, archived: bool, actor: str, via_api: bool
         return pool
     stamp: dict[str, Any] = {"api_changed_at": _now()} if via_api else {}
     Pool.objects.filter(pk=pool.pk).update(archived_at=_now() if archived else None, **stamp)
-    audit_record(
-        actor=actor,
-        action="pool.archive" if archived else "pool.unarchive",
-        subject_type="pool",
-        subject_id=pool.pk,
-        data={"via": "api" if via_api else "fleet"},
-    )
+    pool_audit(pool.pk, "pool.archive" if archived else "pool.unarchive", actor=actor, via_api=via_api)
     pool.refresh_from_db()
     return pool
+
+
+def pool_audit(pool_id: str, action: str, *, actor: str, via_api: bool, **data: Any) -> None:
+    """Audit a change of the pool (or of an offering of it) with what made it: the API or a fleet file."""
+    audit_record(
+        actor=actor,
+        action=action,
+        subject_type="pool",
+        subject_id=pool_id,
+        data={**data, "via": "api" if via_api else "fleet"},
+    )
 
 
 def pool_mark_api_changed(*, pool_id: str) -> None:

@@ -1,4 +1,4 @@
-"""Registration: pools, offerings, nodes and taints as a fleet file (or an operator) declares them.
+"""Registration: pools, nodes and taints as a fleet file (or an operator) declares them.
 
 Node reports (`inventory.services.node_reports`) write what the hardware says; these write
 what the platform declares. The fleet loader calls the batch forms, set-based

@@ -1,4 +1,4 @@
-"""Routes: `reservations/<method>` and `capacity/preview`."""
+"""Routes: `reservations/<method>`."""
 
 from __future__ import annotations
 

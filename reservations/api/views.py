@@ -1,7 +1,7 @@
-"""`reservations/{create,get,list,release,renew}` and `capacity/{preview,explain,earliest}`.
+"""`reservations/{create,get,list,release,renew}`.
 
 Each method: validate the body, decide (`core.decisions`), call one service or
-selector, serialize. `create` and `preview` take the same body through one path,
+selector, serialize. `create` and `capacity/preview` take the same body through one path,
 `reservations.request.resolve.reservation_request_resolve` (parse, decide on the
 pool, the project, the pool's sharing mode), so they never disagree on it.
 """
@@ -69,7 +69,6 @@ class ReservationsViewSet(RpcViewSet):
         request=ReservationRequestSerializer,
         response=ReservationOutput,
         status=201,
-        errors=CONFLICTS,
         summary="Place and book a reservation",
         description=(
             "Runs the placer and books the atoms in one transaction. 201 with the reservation; the same "
@@ -78,6 +77,7 @@ class ReservationsViewSet(RpcViewSet):
             "QUOTA_EXCEEDED when the tenant's quota in the pool would be exceeded. "
             + resolve_refusals("capacity/preview")
         ),
+        errors=CONFLICTS,
     )
     def create_reservation(self, request: Request) -> Response:
         resolved = reservation_request_resolve(

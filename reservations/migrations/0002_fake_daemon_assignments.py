@@ -6,11 +6,7 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ("reservations", "0001_initial"),
-    ]
-
+    dependencies = [("reservations", "0001_initial")]
     operations = [
         migrations.RunSQL(
             sql="""

@@ -2,10 +2,10 @@
 # a backfill from the clock), the delivery outbox, the at-risk marks of
 # BookingRepair, and the fake daemon's record of scalar claims and profiles.
 
-import django.db.models.deletion
-import reservations.models
 from django.db import migrations, models
+from django.db.models.deletion import CASCADE
 
+import reservations.models
 
 PHASE_SQL = """
 UPDATE device_bookings
@@ -51,91 +51,29 @@ CREATE INDEX fake_daemon_claims_reservation ON fake_daemon_claims (reservation_i
 
 
 class Migration(migrations.Migration):
-    dependencies = [
-        ("core", "0004_workerjob"),
-        ("inventory", "0004_node_heartbeat_watch"),
-        ("reservations", "0005_wait_slots"),
-    ]
-
+    dependencies = [("core", "0004_workerjob"), ("inventory", "0004_node_heartbeat_watch"), ("reservations", "0005_wait_slots")]
     operations = [
         migrations.CreateModel(
             name="Delivery",
             fields=[
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                (
-                    "kind",
-                    models.CharField(choices=[("assign", "Assign"), ("shorten", "Shorten")], max_length=8),
-                ),
+                ("kind", models.CharField(choices=[("assign", "Assign"), ("shorten", "Shorten")], max_length=8)),
                 ("attempts", models.PositiveIntegerField(default=0)),
                 ("next_attempt_at", models.DateTimeField(db_default=models.Func(function="compute_now"))),
-                ("last_error", models.TextField(blank=True)),
-                ("created_at", models.DateTimeField(db_default=models.Func(function="compute_now"))),
+                ("last_error", models.TextField(blank=True)), ("created_at", models.DateTimeField(db_default=models.Func(function="compute_now"))),
             ],
         ),
-        migrations.AddField(
-            model_name="devicebooking",
-            name="phase",
-            field=models.PositiveSmallIntegerField(
-                choices=[(0, "Future"), (1, "Running"), (2, "Over")], db_default=0
-            ),
-        ),
+        migrations.AddField("devicebooking", "phase", models.PositiveSmallIntegerField(choices=[(0, "Future"), (1, "Running"), (2, "Over")], db_default=0)),
         # Existing bookings take the phase their window has now; the rollups were
         # counted from the same clock, so they stay equal to a rebuild.
         migrations.RunSQL(PHASE_SQL, reverse_sql=PHASE_REVERSE_SQL),
         migrations.RunSQL(CLAIMS_SQL, reverse_sql="DROP TABLE fake_daemon_claims"),
-        migrations.AddField(
-            model_name="reservation",
-            name="at_risk_reason",
-            field=models.TextField(blank=True),
-        ),
-        migrations.AddField(
-            model_name="reservation",
-            name="at_risk_since",
-            field=models.DateTimeField(blank=True, null=True),
-        ),
-        migrations.AddIndex(
-            model_name="devicebooking",
-            index=models.Index(
-                reservations.models.LowerBound("during"),
-                condition=models.Q(("phase", 0)),
-                name="booking_phase_future",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="devicebooking",
-            index=models.Index(
-                reservations.models.Upper("during"),
-                condition=models.Q(("phase", 1)),
-                name="booking_phase_running",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="reservation",
-            index=models.Index(
-                condition=models.Q(("state__in", ["scheduled", "active"])),
-                fields=["ends_at"],
-                name="reservation_live_ends",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="reservation",
-            index=models.Index(
-                condition=models.Q(("at_risk_since__isnull", False)),
-                fields=["pool", "at_risk_since"],
-                name="reservation_at_risk",
-            ),
-        ),
-        migrations.AddField(
-            model_name="delivery",
-            name="reservation",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.CASCADE,
-                related_name="deliveries",
-                to="reservations.reservation",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="delivery",
-            index=models.Index(fields=["next_attempt_at"], name="delivery_due"),
-        ),
+        migrations.AddField("reservation", "at_risk_reason", models.TextField(blank=True)),
+        migrations.AddField("reservation", "at_risk_since", models.DateTimeField(blank=True, null=True)),
+        migrations.AddIndex("devicebooking", models.Index(reservations.models.LowerBound("during"), condition=models.Q(("phase", 0)), name="booking_phase_future")),
+        migrations.AddIndex("devicebooking", models.Index(reservations.models.Upper("during"), condition=models.Q(("phase", 1)), name="booking_phase_running")),
+        migrations.AddIndex("reservation", models.Index(condition=models.Q(("state__in", ["scheduled", "active"])), fields=["ends_at"], name="reservation_live_ends")),
+        migrations.AddIndex("reservation", models.Index(condition=models.Q(("at_risk_since__isnull", False)), fields=["pool", "at_risk_since"], name="reservation_at_risk")),
+        migrations.AddField("delivery", "reservation", models.ForeignKey(on_delete=CASCADE, related_name="deliveries", to="reservations.reservation")),
+        migrations.AddIndex("delivery", models.Index(fields=["next_attempt_at"], name="delivery_due")),
     ]

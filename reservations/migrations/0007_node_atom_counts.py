@@ -3,15 +3,17 @@
 # or a node's pool: the placer ranks nodes from these rows
 # (`reservations.models.NodeAtomCount`).
 
-import django.db.models.expressions
 from django.db import migrations, models
+from django.db.models.expressions import CombinedExpression
+
+from core.migration_helpers import row_trigger_on_change, statement_triggers
 
 
 # Every trigger applies its rows in (node, class) order, as one upsert: two
 # statements touching the same rows take them in one order and queue instead of
 # deadlocking. A delta never meets a missing row in practice (the device trigger
 # makes the row when the atom appears); if it did, the upsert still records it.
-TRIGGERS_SQL = """
+TRIGGERS_SQL = f"""
 CREATE FUNCTION node_atom_counts_add(deltas jsonb) RETURNS void LANGUAGE sql AS $$
     INSERT INTO node_atom_counts AS c (node_id, pool_id, device_class, atoms, running)
     SELECT x.node_id, x.pool_id, x.device_class, sum(x.atoms), sum(x.running)
@@ -60,13 +62,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER node_atom_counts_bookings_insert AFTER INSERT ON device_bookings
-    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION node_atom_counts_bookings();
-CREATE TRIGGER node_atom_counts_bookings_update AFTER UPDATE ON device_bookings
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION node_atom_counts_bookings();
-CREATE TRIGGER node_atom_counts_bookings_delete AFTER DELETE ON device_bookings
-    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION node_atom_counts_bookings();
+{statement_triggers('node_atom_counts_bookings', 'device_bookings')}
 
 -- Devices: an atom counts while it is healthy and bookable, with its RUNNING
 -- bookings. A device that stops counting (or moves node or class) takes what it
@@ -122,13 +118,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER node_atom_counts_devices_insert AFTER INSERT ON inventory_device
-    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION node_atom_counts_devices();
-CREATE TRIGGER node_atom_counts_devices_update AFTER UPDATE ON inventory_device
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION node_atom_counts_devices();
-CREATE TRIGGER node_atom_counts_devices_delete AFTER DELETE ON inventory_device
-    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION node_atom_counts_devices();
+{statement_triggers('node_atom_counts_devices', 'inventory_device')}
 
 -- Nodes: the rows follow a node to its new pool, and go with it.
 CREATE FUNCTION node_atom_counts_nodes() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -141,9 +131,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER node_atom_counts_nodes_pool AFTER UPDATE OF pool_id ON inventory_node
-    FOR EACH ROW WHEN (OLD.pool_id IS DISTINCT FROM NEW.pool_id)
-    EXECUTE FUNCTION node_atom_counts_nodes();
+{row_trigger_on_change('node_atom_counts_nodes_pool', 'inventory_node', 'pool_id', 'node_atom_counts_nodes')}
 CREATE TRIGGER node_atom_counts_nodes_delete AFTER DELETE ON inventory_node
     FOR EACH ROW EXECUTE FUNCTION node_atom_counts_nodes();
 
@@ -175,52 +163,22 @@ DROP FUNCTION node_atom_counts_add(jsonb);
 
 
 class Migration(migrations.Migration):
-    dependencies = [
-        ("inventory", "0004_node_heartbeat_watch"),
-        ("reservations", "0006_worker"),
-    ]
-
+    dependencies = [("inventory", "0004_node_heartbeat_watch"), ("reservations", "0006_worker")]
     operations = [
         migrations.CreateModel(
             name="NodeAtomCount",
             fields=[
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("node_id", models.CharField(max_length=57)),
-                ("pool_id", models.CharField(max_length=57)),
+                ("node_id", models.CharField(max_length=57)), ("pool_id", models.CharField(max_length=57)),
                 ("device_class", models.CharField(max_length=16)),
-                ("atoms", models.IntegerField(default=0)),
-                ("running", models.IntegerField(default=0)),
-                (
-                    "free",
-                    models.GeneratedField(
-                        db_persist=True,
-                        expression=django.db.models.expressions.CombinedExpression(
-                            models.F("atoms"), "-", models.F("running")
-                        ),
-                        output_field=models.IntegerField(),
-                    ),
-                ),
-                (
-                    "spread",
-                    models.GeneratedField(
-                        db_persist=True,
-                        expression=models.Func(models.F("node_id"), function="hashtext"),
-                        output_field=models.IntegerField(),
-                    ),
-                ),
+                ("atoms", models.IntegerField(default=0)), ("running", models.IntegerField(default=0)),
+                ("free", models.GeneratedField(db_persist=True, expression=CombinedExpression(models.F("atoms"), "-", models.F("running")), output_field=models.IntegerField())),
+                ("spread", models.GeneratedField(db_persist=True, expression=models.Func(models.F("node_id"), function="hashtext"), output_field=models.IntegerField())),
             ],
             options={
                 "db_table": "node_atom_counts",
-                "indexes": [
-                    models.Index(
-                        fields=["pool_id", "device_class", "free", "spread"], name="node_atom_counts_rank"
-                    )
-                ],
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("node_id", "device_class"), name="node_atom_counts_unique"
-                    )
-                ],
+                "indexes": [models.Index(fields=["pool_id", "device_class", "free", "spread"], name="node_atom_counts_rank")],
+                "constraints": [models.UniqueConstraint(fields=("node_id", "device_class"), name="node_atom_counts_unique")],
             },
         ),
         migrations.RunSQL(TRIGGERS_SQL, REVERSE_SQL),

@@ -2,16 +2,11 @@
 
 from django.db import migrations, models
 
+LIVE = models.Q(("state__in", ["scheduled", "active"]))
+
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('reservations', '0007_node_atom_counts'),
-    ]
-
+    dependencies = [("reservations", "0007_node_atom_counts")]
     operations = [
-        migrations.AddIndex(
-            model_name='reservation',
-            index=models.Index(condition=models.Q(('state__in', ['scheduled', 'active'])), fields=['tenant', 'pool', 'starts_at'], name='reservation_tenant_pool_live'),
-        ),
+        migrations.AddIndex("reservation", models.Index(condition=LIVE, fields=["tenant", "pool", "starts_at"], name="reservation_tenant_pool_live")),
     ]

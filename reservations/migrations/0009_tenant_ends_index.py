@@ -4,14 +4,5 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
-    dependencies = [
-        ('reservations', '0008_tenant_pool_live_index'),
-    ]
-
-    operations = [
-        migrations.AddIndex(
-            model_name='reservation',
-            index=models.Index(fields=['tenant', 'ends_at'], name='reservation_tenant_ends'),
-        ),
-    ]
+    dependencies = [("reservations", "0008_tenant_pool_live_index")]
+    operations = [migrations.AddIndex("reservation", models.Index(fields=["tenant", "ends_at"], name="reservation_tenant_ends"))]

@@ -8,10 +8,12 @@
 # pool. So two overlapping bookings of one device always share `pool_id`, and the new
 # constraint refuses exactly the pairs the old one did.
 
-import django.contrib.postgres.constraints
+from django.contrib.postgres.constraints import ExclusionConstraint
 from django.db import migrations, models
 
-POOL_SQL = """
+from core.migration_helpers import row_trigger_on_change
+
+POOL_SQL = f"""
 CREATE FUNCTION device_bookings_pool() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     SELECT n.pool_id INTO NEW.pool_id
@@ -38,12 +40,8 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER device_bookings_pool_node AFTER UPDATE OF pool_id ON inventory_node
-    FOR EACH ROW WHEN (OLD.pool_id IS DISTINCT FROM NEW.pool_id)
-    EXECUTE FUNCTION device_bookings_pool_follow();
-CREATE TRIGGER device_bookings_pool_device AFTER UPDATE OF node_id ON inventory_device
-    FOR EACH ROW WHEN (OLD.node_id IS DISTINCT FROM NEW.node_id)
-    EXECUTE FUNCTION device_bookings_pool_follow();
+{row_trigger_on_change('device_bookings_pool_node', 'inventory_node', 'pool_id', 'device_bookings_pool_follow')}
+{row_trigger_on_change('device_bookings_pool_device', 'inventory_device', 'node_id', 'device_bookings_pool_follow')}
 
 UPDATE device_bookings b SET pool_id = n.pool_id
   FROM inventory_device d JOIN inventory_node n ON n.id = d.node_id
@@ -60,29 +58,12 @@ DROP FUNCTION device_bookings_pool();
 
 
 class Migration(migrations.Migration):
-    dependencies = [
-        ("inventory", "0005_pool_management"),
-        ("reservations", "0009_tenant_ends_index"),
-    ]
-
+    dependencies = [("inventory", "0005_pool_management"), ("reservations", "0009_tenant_ends_index")]
     operations = [
-        migrations.AddField(
-            model_name="devicebooking",
-            name="pool_id",
-            field=models.CharField(editable=False, max_length=64, null=True),
-        ),
+        # Nullable until POOL_SQL has filled the existing rows, then required.
+        migrations.AddField("devicebooking", "pool_id", models.CharField(editable=False, max_length=64, null=True)),
         migrations.RunSQL(POOL_SQL, POOL_REVERSE_SQL),
-        migrations.AlterField(
-            model_name="devicebooking",
-            name="pool_id",
-            field=models.CharField(editable=False, max_length=64),
-        ),
-        migrations.RemoveConstraint(model_name="devicebooking", name="device_bookings_no_overlap"),
-        migrations.AddConstraint(
-            model_name="devicebooking",
-            constraint=django.contrib.postgres.constraints.ExclusionConstraint(
-                expressions=[("pool_id", "="), ("device", "="), ("during", "&&")],
-                name="device_bookings_no_overlap",
-            ),
-        ),
+        migrations.AlterField("devicebooking", "pool_id", models.CharField(editable=False, max_length=64)),
+        migrations.RemoveConstraint("devicebooking", "device_bookings_no_overlap"),
+        migrations.AddConstraint("devicebooking", ExclusionConstraint(expressions=[("pool_id", "="), ("device", "="), ("during", "&&")], name="device_bookings_no_overlap")),
     ]

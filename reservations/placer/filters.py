@@ -196,9 +196,7 @@ def node_filters_sql(
     return where
 
 
-def candidates_sql(
-    *, request: ReservationRequest, q: Params, salt: int, salt_expr: str, nodes: int, groups: int
-) -> str:
+def candidates_sql(query: PlanQuery, *, q: Params, salt: int, salt_expr: str, nodes: int, groups: int) -> str:
     """The CTE `candidates`: the nodes a plan starting now looks at, chosen from the kept counts alone.
 
     `node_atom_counts` says how many healthy atoms of the first item's class
@@ -213,6 +211,7 @@ def candidates_sql(
     spares each (a pass over the pool's count rows, no booking probed). The
     plan then checks the window, the selector and the scorers on these only.
     """
+    request = query.request
     item = request.devices[0]
     pool, device_class, count = q.p(request.pool_id), q.p(item.device_class), q.p(item.count, "int")
     nodes_where = " AND ".join(node_filters_sql(request=request, q=q))

@@ -323,12 +323,7 @@ def _ranked(query: PlanQuery, *, limit: int, salt: int, from_counts: bool) -> li
     candidates = ""
     if from_counts:
         candidates = candidates_sql(
-            request=request,
-            q=q,
-            salt=salt,
-            salt_expr=salt_expr,
-            nodes=CANDIDATE_NODES,
-            groups=CANDIDATE_GROUPS,
+            query, q=q, salt=salt, salt_expr=salt_expr, nodes=CANDIDATE_NODES, groups=CANDIDATE_GROUPS
         )
     ctes, _ = with_clause(query, q=q, candidates=candidates)
     scored = f"scored AS (SELECT f.*, {score_sql()} AS score FROM ({features_sql(request=request, q=q)}) f)"

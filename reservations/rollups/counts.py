@@ -44,7 +44,7 @@ from inventory.schedulability import (
 from reservations.rollups.deltas import ROLLUP_STORED_COUNTS
 
 # The columns of a count row after `pool_id, resource`, in this order: the
-# counts the ledger stores, then whether the resource is present at all.
+# counts a rollup row stores, then whether the resource is present at all.
 COUNT_COLUMNS = (*ROLLUP_STORED_COUNTS, "present")
 
 # The smallest end any FUTURE or RUNNING booking can have: a FUTURE booking

@@ -1,9 +1,9 @@
 """The rollup rebuild: recount every pool from nodes, devices, bookings and node resources.
 
-Reading capacity never aggregates devices; it reads the ledger's rollup rows.
+Reading capacity never aggregates devices; it reads the pools' rollup rows.
 The booking transaction keeps them current with deltas (`reservations.rollups.deltas`);
-this rebuild, run by the reconciler, is the safety net that recounts the truth
-and stores it through the ledger, in one transaction per batch of pools.
+this rebuild, run by the worker, is the safety net that recounts the truth and
+stores it through the rows' one writer (`deltas`), in one transaction per batch of pools.
 
 What the rebuild counts is `reservations.rollups.counts` (the same definition node
 events use to move a node's atoms between buckets): per pool and resource,

@@ -23,7 +23,7 @@ from capacity.services import usage_close_due
 from capacity.usage import HOUR, hour_floor
 from core.clock import compute_now, to_millis
 from core.errors import NoCapacity
-from inventory.models import Pool
+from inventory.models import Node, Pool
 from reservations.lifecycle.deadlines import lease_expire_due, reservation_settle_ended
 from reservations.lifecycle.phases import bookings_advance
 from reservations.models import DeviceBooking, Reservation
@@ -195,6 +195,12 @@ def _run_script(pool: Pool, clock: Any, script: list[tuple[Any, ...]]) -> None:
 # --- closing hours ---------------------------------------------------------------------------
 
 
+@pytest.fixture
+def one_gpu_node(owned_pool: Pool) -> Node:
+    """A node of one GPU in `owned_pool`, for the tests whose reservations book one GPU at a time."""
+    return make_node(owned_pool, gpus=1)
+
+
 def _one_gpu(pool: Pool, **fields: Any) -> str:
     return reservation_create(request=gpu_request(pool, 1, **fields), actor="test", pool=pool).reservation.pk
 
@@ -228,8 +234,8 @@ def test_an_hour_closes_only_once_its_grace_has_passed_and_is_written_once(
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("one_gpu_node")
 def test_a_usage_row_and_a_closed_hour_refuse_to_be_changed_or_removed(owned_pool: Pool, clock: Any) -> None:
-    make_node(owned_pool, gpus=1)
     _one_gpu(owned_pool)
     clock(timedelta(hours=3))
     usage_close_due()
@@ -245,6 +251,7 @@ def test_a_usage_row_and_a_closed_hour_refuse_to_be_changed_or_removed(owned_poo
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("one_gpu_node")
 def test_a_late_lease_expiry_ends_the_booking_when_it_is_applied_so_closed_hours_stand(
     owned_pool: Pool, clock: Any
 ) -> None:
@@ -254,7 +261,6 @@ def test_a_late_lease_expiry_ends_the_booking_when_it_is_applied_so_closed_hours
     applied (no one else could book them), so the closed hours are what was
     held, and the expiry changes only the open hour onwards.
     """
-    make_node(owned_pool, gpus=1)
     start = compute_now()
     rsv = _one_gpu(owned_pool, duration_seconds=6 * 3600, lease_seconds=60)
     now = clock(timedelta(hours=3))  # the lease lapsed 3 hours ago; nothing applied it
@@ -274,6 +280,7 @@ def test_a_late_lease_expiry_ends_the_booking_when_it_is_applied_so_closed_hours
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("one_gpu_node")
 def test_a_change_that_reaches_into_a_closed_hour_is_recorded_as_a_correction_row(
     owned_pool: Pool, clock: Any, owner_client: APIClient
 ) -> None:
@@ -283,7 +290,6 @@ def test_a_change_that_reaches_into_a_closed_hour_is_recorded_as_a_correction_ro
     again and writes the difference as the key's next revision, so reports
     add up to the bookings again and say the hour was corrected.
     """
-    make_node(owned_pool, gpus=1)
     # Twenty minutes into an hour, whatever the wall clock says: three hours on, the
     # first three hours are all past their grace and closed (a start in the first
     # minutes of an hour would leave the third open, and nothing to correct there).
@@ -329,10 +335,10 @@ def test_a_change_that_reaches_into_a_closed_hour_is_recorded_as_a_correction_ro
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("one_gpu_node")
 def test_spot_and_regular_usage_are_counted_apart_and_a_spot_notice_ends_the_spot_usage(
     owned_pool: Pool, clock: Any
 ) -> None:
-    make_node(owned_pool, gpus=1)
     start = compute_now()
     _one_gpu(owned_pool, spot=True, duration_seconds=4 * 3600)
     notice_at = clock(timedelta(minutes=30))

@@ -7,22 +7,17 @@ it again and compares, so a module added, moved or removed without
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+from tests.support.scripts import load_script as load_script_at
+
 SCRIPT = ROOT / "docs" / "architecture_modules.py"
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_architecture_modules", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script_at(SCRIPT, "docs_architecture_modules")
 
 
 def test_the_document_lists_every_module_the_tree_has() -> None:

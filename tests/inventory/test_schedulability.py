@@ -8,20 +8,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from inventory import schedulability
 from inventory.models import Node
-from inventory.schedulability import (
-    BUCKETS,
-    EXCLUDED,
-    MAINTENANCE,
-    PROVISIONING,
-    SCHEDULABLE,
-    UNHEALTHY,
-    UNREACHABLE,
-    bucket_sql,
-    node_bucket,
-    predicate_terms,
-    schedulable_sql,
-)
+from inventory.schedulability import EXCLUDED, MAINTENANCE, PROVISIONING, SCHEDULABLE, UNHEALTHY, UNREACHABLE
 from reservations.models import PoolCapacityRollup
 from reservations.rollups.recount import rollup_rebuild
 from tests.support.factories import (
@@ -47,6 +36,8 @@ class Case:
 
 GPU_COUNT = 4
 VCPU = 32
+# The counts of a rollup row that a case predicts.
+PREDICTED = ("allocatable", *schedulability.BUCKETS, "total")
 
 
 def case(name: str, bucket: str, unhealthy_atoms: int = 0, **fields: Any) -> Case:
@@ -89,7 +80,7 @@ CASES = [
 
 def expected_gpu_row(c: Case) -> dict[str, int]:
     """What the node's GPUs add to the pool's gpu row, per the seeds' bucket table."""
-    numbers = dict.fromkeys(("allocatable", *BUCKETS), 0)
+    numbers = dict.fromkeys(("allocatable", *schedulability.BUCKETS), 0)
     if c.bucket == SCHEDULABLE:
         numbers["allocatable"] = GPU_COUNT - c.unhealthy_atoms
         numbers[UNHEALTHY] = c.unhealthy_atoms
@@ -103,7 +94,7 @@ def expected_gpu_row(c: Case) -> dict[str, int]:
 def expected_vcpu_row(c: Case) -> dict[str, int] | None:
     if c.bucket == EXCLUDED:
         return None  # no counted node has vcpu: the pool gets no vcpu row
-    numbers = dict.fromkeys(("allocatable", *BUCKETS), 0)
+    numbers = dict.fromkeys(("allocatable", *schedulability.BUCKETS), 0)
     numbers["allocatable" if c.bucket == SCHEDULABLE else c.bucket] = VCPU
     numbers["total"] = VCPU
     return numbers
@@ -128,7 +119,8 @@ def make_node(c: Case) -> Node:
 def sql_bucket(node: Node) -> tuple[str, bool]:
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {bucket_sql('n', 'p.owner_id')}, {schedulable_sql('n', 'p.owner_id')}"
+            f"SELECT {schedulability.bucket_sql('n', 'p.owner_id')},"
+            f" {schedulability.schedulable_sql('n', 'p.owner_id')}"
             " FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id WHERE n.id = %s",
             [node.id],
         )
@@ -144,15 +136,15 @@ def test_the_node_lands_in_its_bucket_and_the_rollup_shows_it(c: Case) -> None:
     node = Node.objects.select_related("pool").get(pk=node.pk)
 
     bucket, schedulable = sql_bucket(node)
-    assert node_bucket(node) == c.bucket
-    assert bucket == node_bucket(node)
+    assert schedulability.node_bucket(node) == c.bucket
+    assert bucket == schedulability.node_bucket(node)
     assert schedulable is (c.bucket == SCHEDULABLE)
-    assert all(term.ok for term in predicate_terms(node)) is (c.bucket == SCHEDULABLE)
+    assert all(term.ok for term in schedulability.predicate_terms(node)) is (c.bucket == SCHEDULABLE)
 
     rollup_rebuild(pool_id=node.pool_id)
     rows = {r.resource: r for r in PoolCapacityRollup.objects.filter(pool_id=node.pool_id)}
     gpu = rows["gpu"]
-    shown = {name: getattr(gpu, name) for name in ("allocatable", *BUCKETS, "total")}
+    shown = {name: getattr(gpu, name) for name in PREDICTED}
     assert shown == expected_gpu_row(c)
     assert gpu.allocated == gpu.reserved == 0
     assert gpu.available == gpu.allocatable
@@ -162,7 +154,7 @@ def test_the_node_lands_in_its_bucket_and_the_rollup_shows_it(c: Case) -> None:
         assert "vcpu" not in rows
     else:
         vcpu = rows["vcpu"]
-        assert {name: getattr(vcpu, name) for name in ("allocatable", *BUCKETS, "total")} == vcpu_expected
+        assert {name: getattr(vcpu, name) for name in PREDICTED} == vcpu_expected
 
 
 @pytest.mark.django_db
@@ -180,12 +172,13 @@ def test_sql_and_python_agree_for_every_case_in_one_pool() -> None:
         expected[node.id] = c.bucket
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT n.id, {bucket_sql('n', 'p.owner_id')} FROM inventory_node n"
+            f"SELECT n.id, {schedulability.bucket_sql('n', 'p.owner_id')} FROM inventory_node n"
             " JOIN inventory_pool p ON p.id = n.pool_id WHERE n.pool_id = %s",
             [pool.id],
         )
         from_sql = dict(cursor.fetchall())
-    from_python = {n.id: node_bucket(n) for n in Node.objects.select_related("pool").filter(pool=pool)}
+    nodes = Node.objects.select_related("pool").filter(pool=pool)
+    from_python = {n.id: schedulability.node_bucket(n) for n in nodes}
     assert from_sql == from_python == expected
 
 

@@ -34,6 +34,12 @@ from tests.support.threads import JOIN_SECONDS, Worker, started_until_blocked, t
 # --- Wake-ups ------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def cordoned_node(owned_pool: Pool) -> Node:
+    """A node of two GPUs in `owned_pool`, cordoned: out of every count until an uncordon."""
+    return make_node(owned_pool, gpus=2, cordoned=True)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_booked_atoms_leaving_the_counted_set_ask_the_worker_for_repair(
     operator_client: APIClient, owned_pool: Pool, booked: Node
@@ -48,27 +54,25 @@ def test_booked_atoms_leaving_the_counted_set_ask_the_worker_for_repair(
 
 @pytest.mark.django_db(transaction=True)
 def test_capacity_coming_back_wakes_the_waiters_of_the_pool(
-    operator_client: APIClient, node_agent_client: APIClient, owned_pool: Pool
+    operator_client: APIClient, node_agent_client: APIClient, owned_pool: Pool, cordoned_node: Node
 ) -> None:
-    node = make_node(owned_pool, gpus=2, cordoned=True)
     with listening(RELEASE_CHANNEL) as waiters:
-        api("nodes/uncordon")(operator_client, node)
+        api("nodes/uncordon")(operator_client, cordoned_node)
         assert waiters.next() == owned_pool.id
-        api("nodes/taint", key="k", effect="NoSchedule", reason="xid")(operator_client, node)
-        api("nodes/untaint", key="k")(operator_client, node)
+        api("nodes/taint", key="k", effect="NoSchedule", reason="xid")(operator_client, cordoned_node)
+        api("nodes/untaint", key="k")(operator_client, cordoned_node)
         assert waiters.next() == owned_pool.id
         fresh = NodeFactory.create(pool=owned_pool, hostname="gpu-w-001")
         report(node_agent_client, fresh, gpus=1)
         assert waiters.next() == owned_pool.id
-        api("nodes/cordon", reason="again")(operator_client, node)  # capacity fell: nobody to wake
+        api("nodes/cordon", reason="again")(operator_client, cordoned_node)  # capacity fell: nobody to wake
         assert waiters.none()
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_waiting_create_is_woken_by_an_uncordon_and_succeeds(
-    owner_client: APIClient, operator_client: APIClient, owned_pool: Pool
+    owner_client: APIClient, operator_client: APIClient, owned_pool: Pool, cordoned_node: Node
 ) -> None:
-    node = make_node(owned_pool, gpus=2, cordoned=True)
     rollup_rebuild(pool_id=owned_pool.id)
     body = reservation_body(owned_pool, "acme", "patient", gpus=2, wait={"timeoutMs": 30000})
     create = Worker(lambda: post(owner_client, "reservations/create", body))
@@ -80,7 +84,7 @@ def test_a_waiting_create_is_woken_by_an_uncordon_and_succeeds(
     assert create.is_alive(), f"the create did not wait: {create.result or create.error!r}"
 
     with listening(RELEASE_CHANNEL) as waiters:
-        api("nodes/uncordon")(operator_client, node)
+        api("nodes/uncordon")(operator_client, cordoned_node)
         assert waiters.next() == owned_pool.id  # the wake-up the waiting create hears
 
     answer = create.finish()

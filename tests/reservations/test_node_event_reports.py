@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from inventory.models import Pool
+from inventory.models import Node, Pool
 from reservations.nodes import changes as node_events
 from reservations.rollups.recount import rollup_rebuild
 from tests.support.api import post
@@ -23,11 +23,16 @@ from tests.support.placement import make_node
 from tests.support.records import audit_trail, snapshot, snapshot_after_rebuild
 
 
+@pytest.fixture
+def node(owned_pool: Pool) -> Node:
+    """A node of the owned pool that has not reported yet."""
+    return NodeFactory.create(pool=owned_pool, hostname="gpu-001")
+
+
 @pytest.mark.django_db
 def test_a_disconnect_loses_to_a_report_newer_than_its_cutoff(
-    node_agent_client: APIClient, owned_pool: Pool
+    node_agent_client: APIClient, node: Node
 ) -> None:
-    node = NodeFactory.create(pool=owned_pool, hostname="gpu-r-001")
     assert (
         post(node_agent_client, "inventory/report", {"nodeId": node.pk, "report": a_report(node)}).status_code
         == 200
@@ -73,9 +78,8 @@ def test_new_inventory_shows_at_once_and_vanished_inventory_leaves_at_once(
 
 @pytest.mark.django_db
 def test_a_report_reconnects_a_disconnected_node_on_the_record_and_in_the_counts(
-    node_agent_client: APIClient, owner_client: APIClient, owned_pool: Pool
+    node_agent_client: APIClient, owner_client: APIClient, owned_pool: Pool, node: Node
 ) -> None:
-    node = NodeFactory.create(pool=owned_pool, hostname="gpu-c-001")
     report(node_agent_client, node, gpus=2)
     node_events.node_set_connectivity(
         node=node, connected=False, actor="liveness", reason="no report for 120s"
@@ -93,9 +97,8 @@ def test_a_report_reconnects_a_disconnected_node_on_the_record_and_in_the_counts
 
 @pytest.mark.django_db
 def test_a_layout_change_counts_its_bookings_as_running_on_the_new_atoms(
-    node_agent_client: APIClient, owner_client: APIClient, owned_pool: Pool
+    node_agent_client: APIClient, owner_client: APIClient, owned_pool: Pool, node: Node
 ) -> None:
-    node = NodeFactory.create(pool=owned_pool, hostname="gpu-m-001")
     report(node_agent_client, node, gpus=2)
     rollup_rebuild(pool_id=owned_pool.id)
 
@@ -110,9 +113,8 @@ def test_a_layout_change_counts_its_bookings_as_running_on_the_new_atoms(
 
 @pytest.mark.django_db
 def test_rows_of_resources_a_pool_no_longer_has_go_as_a_rebuild_drops_them(
-    node_agent_client: APIClient, owner_client: APIClient, owned_pool: Pool
+    node_agent_client: APIClient, owner_client: APIClient, owned_pool: Pool, node: Node
 ) -> None:
-    node = NodeFactory.create(pool=owned_pool, hostname="gpu-v-001")
     report(node_agent_client, node, gpus=1, mig=["3g.40gb", "3g.40gb"])
     assert "gpu.mig" in by_pool(owner_client, owned_pool)
     with connection.cursor() as cursor:  # the change window passed: the layout bookings are history

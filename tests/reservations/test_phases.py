@@ -62,11 +62,17 @@ def matches_a_recount(pool: Pool) -> bool:
     )
 
 
+@pytest.fixture
+def counted_gpu_node(owned_pool: Pool, gpu_node: Node) -> Node:
+    """`gpu_node` with the pool's rows rebuilt, so that they count its eight GPUs before a test books them."""
+    rollup_rebuild(pool_id=owned_pool.id)
+    return gpu_node
+
+
 @pytest.mark.django_db
 def test_a_future_booking_is_reserved_then_allocated_then_gone_each_after_bookings_advance(
-    owner_client: APIClient, owned_pool: Pool, gpu_node: Node, clock: Callable[[timedelta], None]
+    owner_client: APIClient, owned_pool: Pool, counted_gpu_node: Node, clock: Callable[[timedelta], None]
 ) -> None:
-    rollup_rebuild(pool_id=owned_pool.id)
     body = reservation_body(owned_pool, "acme", "later", gpus=2, start=now_ms() + HOUR_MS)
     created = post(owner_client, "reservations/create", body)
     assert created.status_code == 201, created.json()
@@ -102,9 +108,8 @@ def test_a_future_booking_is_reserved_then_allocated_then_gone_each_after_bookin
 
 @pytest.mark.django_db
 def test_a_booking_whose_whole_window_passed_goes_straight_from_reserved_to_over(
-    owner_client: APIClient, owned_pool: Pool, gpu_node: Node, clock: Callable[[timedelta], None]
+    owner_client: APIClient, owned_pool: Pool, counted_gpu_node: Node, clock: Callable[[timedelta], None]
 ) -> None:
-    rollup_rebuild(pool_id=owned_pool.id)
     body = reservation_body(owned_pool, "acme", "missed", gpus=3, start=now_ms() + HOUR_MS)
     assert post(owner_client, "reservations/create", body).status_code == 201
     clock(timedelta(hours=3))
@@ -116,7 +121,7 @@ def test_a_booking_whose_whole_window_passed_goes_straight_from_reserved_to_over
 
 @pytest.mark.django_db
 def test_bookings_on_atoms_outside_the_counted_set_change_phase_without_moving_the_rows(
-    owner_client: APIClient, owned_pool: Pool, clock: Callable[[timedelta], None]
+    owned_pool: Pool, clock: Callable[[timedelta], None]
 ) -> None:
     """A cordoned node's bookings are in no count: their phases move, the rows stay as a rebuild has them."""
     node = make_node(owned_pool, gpus=2, cordoned=True)
@@ -284,10 +289,9 @@ def test_a_reservation_that_runs_to_its_end_leaves_the_counts_once_whichever_run
     advance_first: bool,
     owner_client: APIClient,
     owned_pool: Pool,
-    gpu_node: Node,
+    counted_gpu_node: Node,
     clock: Callable[[timedelta], None],
 ) -> None:
-    rollup_rebuild(pool_id=owned_pool.id)
     created = post(owner_client, "reservations/create", reservation_body(owned_pool, "acme", "runs", gpus=2))
     assert created.status_code == 201, created.json()
     assert gpu_row(owner_client, owned_pool)["allocated"] == 2

@@ -81,15 +81,8 @@ def test_next_deadline_reads_the_earliest_deadline_of_each_kind(settings: Any, g
 def test_with_nothing_pending_there_is_no_deadline_and_the_loop_sleeps_the_max(settings: Any) -> None:
     settings.CAPACITY_WORKER_MAX_SLEEP_SECONDS = 45
     deadlines = next_deadline(periodic={})
-    assert deadlines == Deadlines(
-        now=deadlines.now,
-        lease_expiry=None,
-        reservation_end=None,
-        booking_start=None,
-        booking_end=None,
-        node_stale=None,
-        delivery=None,
-    )
+    kinds = ("lease_expiry", "reservation_end", "booking_start", "booking_end", "node_stale", "delivery")
+    assert deadlines == Deadlines(now=deadlines.now, **dict.fromkeys(kinds))
     assert deadlines.earliest is None
     loop = WorkerLoop(jobs=[job for job in worker_jobs() if job.every is None])
     try:
