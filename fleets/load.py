@@ -2,7 +2,7 @@
 
 Loading the same file twice leaves the same rows. Pools, offerings and quota
 limits go through the same services as the management API (`inventory.services.pools`,
-`ledger.offerings`); node reports through the same path as `inventory/report`.
+`ledger.services.offerings`); node reports through the same path as `inventory/report`.
 
 A pool changed through the API (`pools/*`, `offerings/*`) belongs to the API
 from then on: a file that names it still loads its nodes, but leaves the
@@ -21,7 +21,7 @@ from fleets.spec import BATCH_NODES, NodeSpec, PoolSpec, Progress, fleet_parse
 from inventory.models import Node, Pool
 from inventory.services.pools import pool_create, pool_set_archived, pool_update
 from inventory.services.registration import NodeDeclaration, nodes_register
-from ledger.offerings import offering_declare
+from ledger.services.offerings import offering_declare
 from reservations.nodes.changes import nodes_changing
 from reservations.nodes.reports import node_reports_apply
 

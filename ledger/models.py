@@ -32,7 +32,7 @@ class QuotaUsage(models.Model):
     `used` is the sum of the live holdings in both modes (the charge adds, the
     give-back subtracts); only a `counter` row caps it. A `concurrent` row caps
     the peak of the holdings over each new reservation's window instead, which
-    the charge computes under this row's lock (`ledger.quota.quota_charge`).
+    the charge computes under this row's lock (`ledger.services.quota.quota_charge`).
     """
 
     pool = models.ForeignKey("inventory.Pool", on_delete=models.CASCADE, related_name="quotas")

@@ -4,7 +4,7 @@ A `concurrent` quota (`ledger.models.QuotaMode`) limits how much a tenant holds
 at any one instant, not the sum of everything it ever booked. Its check needs
 the reservations' rows, which this layer owns, so the ledger's charge asks
 for the peak through the callable `placement_charge` gives it
-(`ledger.quota.quota_charge`), after it has locked the quota row.
+(`ledger.services.quota.quota_charge`), after it has locked the quota row.
 
 What a tenant holds of a resource at an instant, counted the way the charge
 counts it (`placer.commit.placement_charges`): the atoms of each class booked

@@ -9,7 +9,7 @@ from django.http import HttpRequest
 
 from core.admin import ReadOnlyAdmin
 from ledger.models import QuotaUsage
-from ledger.quota import quota_limit_set
+from ledger.services.quota import quota_limit_set
 from operations import charts
 from reservations.models import PoolCapacityRollup
 

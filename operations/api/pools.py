@@ -4,7 +4,7 @@ Every view: validate → decide (operators on the platform, `compute:pools:manag
 `offerings/list` also for a tenant's own offerings) → find the pool
 (NOT_FOUND) → call one service → answer the pool or offering as it is after
 the change. The services are the ones fleet files use (`inventory.services.pools`,
-`ledger.offerings`); each audits its change with
+`ledger.services.offerings`); each audits its change with
 the actor, and a change that would break a rule is refused whole.
 """
 
@@ -31,14 +31,8 @@ from inventory.services.pools import (
     pools_list,
 )
 from ledger.models import Offering
-from ledger.offerings import (
-    offering_create,
-    offering_find,
-    offering_update,
-    offering_withdraw,
-    offerings_list,
-    offerings_payload,
-)
+from ledger.selectors import offering_find, offerings_list, offerings_payload
+from ledger.services.offerings import offering_create, offering_update, offering_withdraw
 from operations.api.serializers import (
     OfferingCreateInput,
     OfferingInput,

@@ -41,7 +41,7 @@ from inventory.choices import SCALAR_RESOURCES
 from inventory.models import Pool
 from inventory.schedulability import schedulable_sql
 from inventory.services.resources import node_resources_claim
-from ledger.quota import quota_charge
+from ledger.services.quota import quota_charge
 from reservations.holdings import holdings_peaks
 from reservations.models import Allocation, Reservation
 from reservations.placer.filters import Window
@@ -359,7 +359,7 @@ def placement_charge(*, placement: Placement, request: ReservationRequest) -> No
 
     A `concurrent` quota adds one statement: the tenant's peak over the
     placement's window (the displaced one when it displaced spot bookings),
-    read after the quota row is locked (`ledger.quota.quota_charge`).
+    read after the quota row is locked (`ledger.services.quota.quota_charge`).
     """
     charges = placement_charges(placement)
     tenant_id, pool_id, window = request.tenant_id, request.pool_id, placement.window

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connection
 
 from inventory.services.resources import node_resources_give_back
-from ledger.quota import quota_give_back
+from ledger.services.quota import quota_give_back
 from reservations.models import BookingPhase
 from reservations.rollups.counts import COUNTED_ATOM_SQL, COUNTED_NODE_SQL
 from reservations.rollups.deltas import rollup_apply_deltas

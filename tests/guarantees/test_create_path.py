@@ -10,7 +10,7 @@ response, inside the request):
 
 * at most `MAX_MODULES` distinct project modules are entered, `core`'s helpers
   not counted. A module is one job of an app: a top-level module
-  (`reservations.services`, `ledger.quota`) or a subpackage, whose files are
+  (`reservations.services`, `ledger.services.quota`) or a subpackage, whose files are
   the parts of one job (`reservations.placer`: plan, filters, commit);
 * no call enters a project module (outside `core`) that is already on the
   stack below another one: neither an app's job nor a single file is ever

@@ -21,7 +21,7 @@ from core.errors import InvalidInput
 from core.models import Tenant
 from fleets.load import fleet_load
 from ledger.models import QuotaUsage
-from ledger.quota import quota_limit_set
+from ledger.services.quota import quota_limit_set
 from reservations.holdings import holdings_peaks
 from tests.support.api import ClientFor, assert_error, post_json
 from tests.support.clock import HOUR_MS, now_ms

@@ -1,6 +1,6 @@
 """Offerings with their quotas, as operators manage them (`offerings/*`) and fleet files declare them.
 
-The offering row and its quota rows (`ledger.quota`) are both this app's; a
+The offering row and its quota rows (`ledger.services.quota`) are both this app's; a
 change of either goes through here, audited with its actor. Withdrawing is
 refused while the tenant holds live reservations, which the caller counts
 (`reservations.selectors.reservations_live_count`): the ledger sits below them.
@@ -13,21 +13,14 @@ from typing import Any
 
 from django.db import transaction
 
-from core.errors import Conflict, InvalidInput, NotFound
+from core.errors import Conflict, InvalidInput
 from core.models import Tenant
 from core.services import audit_record
 from inventory.models import Pool
 from inventory.services.pools import pool_audit, pool_mark_api_changed
-from ledger.models import Offering, QuotaUsage
-from ledger.quota import quota_limits_apply, quota_rows, quota_rows_lock, quota_rows_remove
-
-
-def offering_find(*, pool_id: str, tenant_id: str) -> Offering:
-    """The offering of the pool to the tenant, or NOT_FOUND."""
-    offering = Offering.objects.filter(pool_id=pool_id, tenant_id=tenant_id).first()
-    if offering is None:
-        raise NotFound("offering not found")
-    return offering
+from ledger.models import Offering
+from ledger.selectors import offering_find, offering_limits
+from ledger.services.quota import quota_limits_apply, quota_rows_lock, quota_rows_remove
 
 
 def offering_create(
@@ -66,15 +59,15 @@ def offering_update(
 
     Through the API a counter limit below what the tenant holds is refused
     (CONFLICT, nothing changed); a fleet reload raises it to the use instead,
-    so a reload never fails while workloads run (`ledger.quota.quota_limits_apply`).
+    so a reload never fails while workloads run (`ledger.services.quota.quota_limits_apply`).
     Only what changes is audited.
     """
     offering = offering_find(pool_id=pool.pk, tenant_id=tenant_id)
-    before = _limits(pool.pk, tenant_id)
+    before = offering_limits(pool.pk, tenant_id)
     quota_limits_apply(
         pool_id=pool.pk, tenant_id=tenant_id, limits=dict(quota), mode=mode, refuse_below_use=via_api
     )
-    after = _limits(pool.pk, tenant_id)
+    after = offering_limits(pool.pk, tenant_id)
     if after == before:
         return offering
     _changed(
@@ -100,46 +93,6 @@ def _changed(pool: Pool, action: str, *, actor: str, via_api: bool, **data: Any)
     if via_api:
         pool_mark_api_changed(pool_id=pool.pk)
     pool_audit(pool.pk, action, actor=actor, via_api=via_api, **data)
-
-
-def _limits(pool_id: str, tenant_id: str) -> dict[str, list[Any]]:
-    rows = QuotaUsage.objects.filter(pool_id=pool_id, tenant_id=tenant_id).order_by("resource")
-    return {row.resource: [row.max, row.mode] for row in rows}
-
-
-def offerings_list(*, tenant_id: str | None = None, pool_id: str | None = None) -> list[Offering]:
-    """Offerings in (pool, tenant) order, of one tenant or one pool or all; the pools read with them.
-
-    A tenant's own list leaves out archived pools: an archived pool is
-    visible to its owner only, and an offering is never to the owner.
-    """
-    offerings = Offering.objects.select_related("pool").order_by("pool_id", "tenant_id")
-    if tenant_id is not None:
-        offerings = offerings.filter(tenant_id=tenant_id, pool__archived_at__isnull=True)
-    if pool_id is not None:
-        offerings = offerings.filter(pool_id=pool_id)
-    return list(offerings[:1000])
-
-
-def offerings_payload(offerings: list[Offering]) -> list[dict[str, Any]]:
-    """Offerings as the API answers them, each with its quota rows (one query per pool)."""
-    by_pool: dict[str, list[str]] = {}
-    for offering in offerings:
-        by_pool.setdefault(offering.pool_id, []).append(offering.tenant_id)
-    rows = {pool_id: quota_rows(pool_id=pool_id, tenant_ids=tenants) for pool_id, tenants in by_pool.items()}
-    return [
-        {
-            "poolId": offering.pool_id,
-            "poolName": offering.pool.name,
-            "ownerTenantId": offering.pool.owner_id,
-            "tenantId": offering.tenant_id,
-            "quota": [
-                {"resource": row.resource, "max": row.max, "used": row.used, "mode": row.mode}
-                for row in rows[offering.pool_id][offering.tenant_id]
-            ],
-        }
-        for offering in offerings
-    ]
 
 
 def offering_ensure(*, pool_id: str, tenant_id: str) -> bool:

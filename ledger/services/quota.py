@@ -1,7 +1,7 @@
 """Quota usage (guard 5): the guarded charge, the give-back and the limits.
 
 Only this module writes `quota_usage` (the offering services of
-`ledger.offerings` call it). A charge is one guarded `UPDATE` whose `WHERE` is
+`ledger.services.offerings` call it). A charge is one guarded `UPDATE` whose `WHERE` is
 the limit check, with a `CHECK (used <= max)` behind it; a missing row means
 no limit.
 
@@ -248,11 +248,3 @@ def quota_rows_lock(*, pool_id: str, tenant_id: str) -> None:
 def quota_rows_remove(*, pool_id: str, tenant_id: str) -> None:
     """Remove every limit of one offering (it was withdrawn)."""
     QuotaUsage.objects.filter(pool_id=pool_id, tenant_id=tenant_id).delete()
-
-
-def quota_rows(*, pool_id: str, tenant_ids: list[str]) -> dict[str, list[QuotaUsage]]:
-    """Each tenant's quota rows in the pool, in resource order."""
-    found: dict[str, list[QuotaUsage]] = {tenant: [] for tenant in tenant_ids}
-    for row in QuotaUsage.objects.filter(pool_id=pool_id, tenant_id__in=tenant_ids).order_by("resource"):
-        found[row.tenant_id].append(row)
-    return found
