@@ -17,7 +17,7 @@ def offering_find(*, pool_id: str, tenant_id: str) -> Offering:
 
 
 def offering_limits(pool_id: str, tenant_id: str) -> dict[str, list[Any]]:
-    """The tenant's limits on the pool, per resource, as `[max, mode]`: an update is audited only when they change."""
+    """The tenant's limits on the pool per resource (`[max, mode]`); an update is audited when they change."""
     rows = QuotaUsage.objects.filter(pool_id=pool_id, tenant_id=tenant_id).order_by("resource")
     return {row.resource: [row.max, row.mode] for row in rows}
 
