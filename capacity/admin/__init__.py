@@ -1,8 +1,8 @@
-"""The admin of capacity's own tables: hourly usage (read-only, with its CSV).
+"""The admin of what capacity reads and keeps: the pools' rollup rows and hourly usage, both read-only.
 
 Django's autodiscovery imports this package; each module registers its admins.
 """
 
-from capacity.admin import usage
+from capacity.admin import rollups, usage
 
-__all__ = ["usage"]
+__all__ = ["rollups", "usage"]

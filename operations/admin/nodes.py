@@ -26,13 +26,13 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 
+from capacity import charts
 from capacity.selectors.pools import at_risk_reservations
 from core.admin import admin_actor, copyable_id_column, ops_page_context, plural
 from core.errors import DomainError
 from inventory.models import Device, Node
 from inventory.schedulability import BUCKETS, EXCLUDED, SCHEDULABLE, node_bucket, predicate_terms
 from inventory.selectors import node_bucket_expression
-from operations import charts
 from operations.admin.console import (
     AT_RISK_SHOWN,
     ConditionFilter,

@@ -22,11 +22,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
+from capacity import charts
 from capacity.selectors.pools import at_risk_reservations, pool_at_risk_count, pool_fragmentation
 from core.admin import admin_actor, copyable_id_column, count_column
 from core.errors import DomainError
 from inventory.models import Node, Pool
-from operations import charts
 from operations.admin.console import (
     AT_RISK_SHOWN,
     ConditionFilter,

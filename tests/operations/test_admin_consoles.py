@@ -281,7 +281,7 @@ def test_node_page_costs_the_same_number_of_queries_as_atoms_grow(
 
 
 def test_capacity_bar_reads_without_colour() -> None:
-    from operations import charts
+    from capacity import charts
 
     row = PoolCapacityRollup(
         total=64,
@@ -313,7 +313,7 @@ def test_capacity_bar_reads_without_colour() -> None:
 
 
 def test_timeline_chart_draws_one_column_per_bucket_with_its_numbers() -> None:
-    from operations import charts
+    from capacity import charts
 
     start = 1_790_000_000_000
     buckets = [

@@ -1,4 +1,4 @@
-"""Capacity rollups (read-only: the booking deltas and the rebuild write them) and quotas."""
+"""Quotas in the admin: an offering's limits, `max` editable through the ledger's own write."""
 
 from __future__ import annotations
 
@@ -7,38 +7,8 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from core.admin import ReadOnlyAdmin
 from ledger.models import QuotaUsage
 from ledger.services.quota import quota_limit_set
-from operations import charts
-from reservations.models import PoolCapacityRollup
-
-
-@admin.register(PoolCapacityRollup)
-class PoolCapacityRollupAdmin(ReadOnlyAdmin):
-    list_display = (
-        "pool",
-        "resource",
-        "bar",
-        "total",
-        "allocatable",
-        "allocated",
-        "reserved",
-        "available",
-        "maintenance",
-        "unhealthy",
-        "unreachable",
-        "provisioning",
-        "updated_at",
-        "rebuilt_at",
-    )
-    list_filter = ("resource", ("pool", admin.RelatedOnlyFieldListFilter))
-    list_select_related = ("pool", "pool__owner")
-    search_fields = ("pool__name", "pool__id")
-
-    @admin.display(description="capacity")
-    def bar(self, obj: PoolCapacityRollup) -> str:
-        return charts.rollup_bar_svg(row=obj, width=220, legend=False)
 
 
 @admin.register(QuotaUsage)
