@@ -96,7 +96,7 @@ class Reservation(models.Model):
                 name="reservation_live_ends",
                 condition=Q(state__in=["scheduled", "active"]),
             ),
-            # A concurrent quota's peak (`reservations.holdings`): the tenant's live
+            # A concurrent quota's peak (`reservations.selectors.holdings_peaks`): the tenant's live
             # reservations in the pool that start before the new one's window ends.
             models.Index(
                 fields=["tenant", "pool", "starts_at"],

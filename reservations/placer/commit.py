@@ -42,13 +42,13 @@ from inventory.models import Pool
 from inventory.schedulability import schedulable_sql
 from inventory.services.resources import node_resources_claim
 from ledger.services.quota import quota_charge
-from reservations.holdings import holdings_peaks
 from reservations.models import Allocation, Reservation
 from reservations.placer.filters import Window
 from reservations.placer.notice import spot_notice
 from reservations.placer.plan import Member, Option, Plan, placement_plan
 from reservations.request.types import ReservationRequest
 from reservations.rollups.deltas import rollup_apply_deltas
+from reservations.selectors import holdings_peaks
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from core.models import Tenant
 from fleets.load import fleet_load
 from ledger.models import QuotaUsage
 from ledger.services.quota import quota_limit_set
-from reservations.holdings import holdings_peaks
+from reservations.selectors import holdings_peaks
 from tests.support.api import ClientFor, assert_error, post_json
 from tests.support.clock import HOUR_MS, now_ms
 from tests.support.factories import TenantFactory
