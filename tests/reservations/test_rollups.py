@@ -1,7 +1,7 @@
 """Rollups: the rebuild's capacity math, the summary, the race with a booking, and the fleet rebuild.
 
-(Deltas: `tests/ledger/test_deltas.py`; the reconciler: `test_reconciler.py`;
-the commands: `test_commands.py`.)
+(Deltas: `test_rollup_deltas.py`; the reconciler: `tests/worker/test_reconciler.py`;
+the commands: `tests/capacity/test_commands.py`.)
 """
 
 from __future__ import annotations
