@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 DEMO_FLEET := fleets/demo.json
 
-.PHONY: run test lint fmt bench soak db-stop clean venv architecture cluster cluster-stop soak-cluster bench-cluster
+.PHONY: run test lint fmt bench soak db-stop clean venv architecture openapi cluster cluster-stop soak-cluster bench-cluster
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,12 +49,24 @@ lint: $(STAMP)
 	DATABASE_OFFLINE=1 DEBUG=1 $(BIN)/mypy .
 	DATABASE_OFFLINE=1 DEBUG=1 $(BIN)/python manage.py check
 	DATABASE_OFFLINE=1 DEBUG=1 $(BIN)/python manage.py makemigrations --check --dry-run
+	# The committed API document is valid OpenAPI 3.1 (tests/core/test_openapi_document.py checks
+	# that it is the one the server serves).
+	$(BIN)/openapi-spec-validator docs/openapi.json
 
 # The picture of the layers in docs/architecture.md, drawn from the imports, and its list of
 # every module; tests/guarantees/test_architecture_{picture,modules}.py fail until both are redrawn.
 architecture: $(STAMP)
 	$(BIN)/python docs/architecture_graph.py
 	$(BIN)/python docs/architecture_modules.py
+
+# The API's document as GET /api/schema/ serves it, committed so that every change to the API
+# shows in review as a diff of docs/openapi.json; clients are generated from it (README).
+# A change that would break a generated client (tools/openapi_breaking.py) is refused unless
+# BREAKING=1 says it is meant, with info.version's major raised (docs/decisions.md).
+openapi: $(STAMP)
+	DATABASE_OFFLINE=1 DEBUG=1 $(BIN)/python manage.py spectacular --format openapi-json --validate --fail-on-warn --file docs/openapi.json.new
+	test "$(BREAKING)" = 1 || $(BIN)/python tools/openapi_breaking.py docs/openapi.json docs/openapi.json.new || { rm docs/openapi.json.new; exit 1; }
+	mv docs/openapi.json.new docs/openapi.json
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

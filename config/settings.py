@@ -132,13 +132,31 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU capacity API",
     "DESCRIPTION": "Capacity, placement and reservations of a GPU cloud. "
-    "Every method is POST /api/compute/<group>/<method> with a JSON body.",
-    "VERSION": "1.0.0",
+    "Every method is `POST /api/compute/<group>/<method>` with a JSON object body.",
+    # The document's version: minor for an addition, major for a break (docs/decisions.md).
+    "VERSION": "1.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "COMPONENT_SPLIT_REQUEST": True,
+    # Inputs and outputs are separate serializers already: no `…Request` twin of each component.
+    "COMPONENT_SPLIT_REQUEST": False,
+    # 3.1: its schemas are JSON Schema 2020-12, which can say what a map's keys may be
+    # (`patternProperties`), as a selector's attribute names and a pool's label keys need.
+    "OAS_VERSION": "3.1.0",
+    # Enum components named for what they are (a generated client's type names), not `StateEnum`.
+    "ENUM_NAME_OVERRIDES": {
+        "Binding": "reservations.request.types.BINDINGS",
+        "DeviceClass": "inventory.choices.DeviceClass.values",
+        "ErrorCode": "core.errors.ERROR_CODES",
+        "NodeBucket": "operations.api.serializers.NODE_BUCKETS",
+        "QuotaMode": "ledger.models.QuotaMode.values",
+        "ReservationState": "reservations.models.ReservationState.values",
+        "Sharing": "inventory.choices.Sharing.values",
+        "TaintEffect": "inventory.choices.TaintEffect.values",
+        "Topology": "reservations.request.types.TOPOLOGIES",
+        "UsageUnit": "capacity.api.usage.USAGE_UNITS",
+    },
 }
 
 # The capacity reconciler's period (the seeds' `rollupEvery`).

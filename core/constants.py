@@ -14,6 +14,9 @@ from __future__ import annotations
 IDENT_REGEX = r"^[A-Za-z0-9._:-]{1,128}$"
 TENANT_ID_REGEX = IDENT_REGEX
 
+# A node label key that groups a gang's nodes (`fabric`): any characters but blanks and NUL.
+TOPOLOGY_KEY_REGEX = r"^[^\s\u0000]{1,128}$"
+
 # Prefixed ULIDs (`core.ids`), as the contract spells them.
 POOL_ID_REGEX = r"^pool_[0-9a-hjkmnp-tv-z]{26,52}$"
 PROJECT_ID_REGEX = r"^prj_[0-9a-hjkmnp-tv-z]{26,52}$"

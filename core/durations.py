@@ -30,6 +30,23 @@ _UNITS = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 _COMPACT = re.compile(r"(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
 _ISO = re.compile(r"P(?:([0-9]+)W)?(?:([0-9]+)D)?(?:T(?=[0-9])(?:([0-9]+)H)?(?:([0-9]+)M)?(?:([0-9]+)S)?)?")
 
+
+def _chain(units: str) -> str:
+    """Units in order, each at most once, at least one: `[0-9]+w([0-9]+d)?…|[0-9]+d…|…`."""
+    return "|".join(
+        f"[0-9]+{first}" + "".join(f"(?:[0-9]+{unit})?" for unit in units[i + 1 :])
+        for i, first in enumerate(units)
+    )
+
+
+# The strings `parse_duration` reads, as one ECMA-262 pattern without lookarounds (so that
+# schema-driven generators can use it): digits alone, the compact form, or ISO 8601.
+# Stricter than the parser only in refusing surrounding whitespace.
+DURATION_PATTERN = (
+    f"^(?:[0-9]+|{_chain('wdhms')}"
+    f"|P(?:[0-9]+W(?:[0-9]+D)?(?:T(?:{_chain('HMS')}))?|[0-9]+D(?:T(?:{_chain('HMS')}))?|T(?:{_chain('HMS')})))$"
+)
+
 _SHAPE = "must be seconds or a duration string such as 90s, 1h30m, 1d or PT8H"
 
 
@@ -57,6 +74,9 @@ def parse_duration(value: object, *, minimum: int = MIN_SECONDS, maximum: int = 
     """Seconds in [minimum, maximum]; DurationError says what is wrong in words a client can act on."""
     if isinstance(value, bool):
         raise DurationError(_SHAPE)
+    if isinstance(value, float) and value.is_integer():
+        # JSON has one number type: 3600.0 is the integer 3600, as JSON Schema reads it.
+        value = int(value)
     if isinstance(value, int):
         seconds = value
     elif isinstance(value, str):

@@ -35,8 +35,26 @@ from core.errors import MAX_ERROR_DETAILS, InvalidInput, more_detail
 MAX_INT_DIGITS = 64
 
 _BAD_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+# The same rule for a JSON Schema (ECMA-262): a string without NUL. Unpaired surrogates need no
+# rule there: UTF-8 JSON cannot carry them as characters, only as `\ud800` escapes.
+FREE_TEXT_PATTERN = "^[^\\u0000]*$"
 NUL_MESSAGE = "must not contain a NUL character (\\u0000)"
 SURROGATE_MESSAGE = "must not contain an unpaired UTF-16 surrogate (\\ud800-\\udfff)"
+
+
+def json_integer(value: object) -> int | None:
+    """`value` as an integer when JSON Schema calls it one (`80` or `80.0`), else None (`true`, `80.5`).
+
+    JSON has one number type; a client's JSON library may write 80 as 80.0, and
+    the document's `"type": "integer"` admits both, so every integer field does.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
 
 
 def text_problem(text: str) -> str | None:

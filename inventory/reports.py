@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from core.errors import InvalidInput
-from core.json_input import printable_name, text_problem
+from core.json_input import json_integer, printable_name, text_problem
 from inventory.choices import SCALAR_RESOURCES
 
 # Bounds are generous but finite: a number outside them is a broken agent, not real hardware.
@@ -168,10 +168,13 @@ def _join(path: str, key: str) -> str:
 
 
 def _int(errors: _Errors, path: str, value: Any, lo: int, hi: int) -> int | None:
-    # bool is an int in Python; a report saying `true` for a size is broken.
-    if isinstance(value, bool) or not isinstance(value, int):
+    # bool is an int in Python; a report saying `true` for a size is broken. 80.0 is 80, as in
+    # JSON Schema.
+    number = json_integer(value)
+    if number is None:
         errors.add(path, "must be an integer")
         return None
+    value = number
     if not lo <= value <= hi:
         errors.add(path, f"must be between {lo} and {hi}")
         return None
@@ -388,3 +391,78 @@ def report_parse(*, data: Any, prefix: str = "") -> NodeReport:
     return NodeReport(
         hostname=hostname, resources=resources, gpus=tuple(gpus), nics=tuple(nics), disks=tuple(disks)
     )
+
+
+# --- The report's JSON Schema (the `inventory/report` method's document) -------------------
+
+# A free text field (`product`): at most 255 characters, no NUL, something besides blanks. The
+# class spells out the blanks `str.strip` removes and ECMA-262's `\s` leaves in.
+_TEXT_PATTERN = "^[^\\u0000]*[^\\s\\u0000\\u001c-\\u001f\\u0085][^\\u0000]*$"
+
+
+def _string(pattern: re.Pattern[str] | None = None) -> dict[str, Any]:
+    return {"type": "string", "maxLength": 255, "pattern": pattern.pattern if pattern else _TEXT_PATTERN}
+
+
+def _integer(lo: int, hi: int) -> dict[str, Any]:
+    return {"type": "integer", "minimum": lo, "maximum": hi}
+
+
+def _object(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {**required, **(optional or {})},
+        "additionalProperties": False,
+    }
+    if required:
+        schema["required"] = sorted(required)
+    return schema
+
+
+def _array(items: dict[str, Any], max_items: int) -> dict[str, Any]:
+    return {"type": "array", "items": items, "maxItems": max_items}
+
+
+def report_schema() -> dict[str, Any]:
+    """What `report_parse` takes, as a JSON Schema; the rules across items (no uuid twice, a MIG
+    instance within its GPU's memory) are the method's rules, not the schema's."""
+    mig_instance = _object(
+        {
+            "gi": _integer(0, MAX_MIG_GI),
+            "ci": _integer(0, MAX_MIG_CI),
+            "profile": _string(MIG_PROFILE_RE),
+            "memoryMiB": _integer(1, MAX_GPU_MEMORY_MIB),
+        }
+    )
+    gpu = _object(
+        {"uuid": _string(IDENT_RE), "product": _string(), "memoryMiB": _integer(1, MAX_GPU_MEMORY_MIB)},
+        {
+            "model": _string(IDENT_RE),
+            "numaNode": _integer(0, MAX_NUMA_NODE),
+            "pciBusId": _string(PCI_RE),
+            "nvlinkDomain": _string(IDENT_RE),
+            "mig": _object({"enabled": {"type": "boolean"}}, {"instances": _array(mig_instance, 64)}),
+        },
+    )
+    nic = _object(
+        {"pf": _string(IDENT_RE)},
+        {
+            "linkGbps": _integer(1, MAX_LINK_GBPS),
+            "numaNode": _integer(0, MAX_NUMA_NODE),
+            "vfs": _array(_string(PCI_RE), MAX_VFS_PER_NIC),
+        },
+    )
+    disk = _object(
+        {"id": _string(IDENT_RE), "sizeGiB": _integer(0, MAX_DISK_GIB)}, {"media": _string(IDENT_RE)}
+    )
+    report = _object(
+        {"hostname": _string(HOSTNAME_RE)},
+        {
+            "resources": _object({}, {key: _integer(0, MAX_SCALAR) for key in SCALARS}),
+            "gpus": _array(gpu, 64),
+            "nics": _array(nic, 64),
+            "disks": _array(disk, 256),
+        },
+    )
+    report["description"] = "A node's hardware, as its agent sees it (fleet.md's node report)"
+    return report

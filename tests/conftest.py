@@ -1,5 +1,5 @@
 """Shared personas: a tenant that owns a pool, one it is offered to, an outsider, an operator, a node agent;
-and the admin's superuser.
+the admin's superuser; and a browser.
 
 Tokens are issued through `core.services.token_issue`, so every API test goes
 through the real bearer authentication and the real decisions.
@@ -7,17 +7,20 @@ through the real bearer authentication and the real decisions.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from core.models import Tenant
 from core.services import token_issue
 from inventory.models import Node, Pool
 from tests.support.api import ClientFor, bearer_client
+from tests.support.browser import headless_chromium
 from tests.support.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
 
 
@@ -116,3 +119,9 @@ def node_agent_client(api_client_for: ClientFor) -> APIClient:
 def operator(admin_client: Client) -> Client:
     """The admin as a superuser: holds `inventory.operate_nodes` like every permission."""
     return admin_client
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    """Headless Chromium (`tests.support.browser`); skipped without it, failed under REQUIRE_BROWSER=1."""
+    yield from headless_chromium()

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 
 from capacity.api.serializers import (
     EARLIEST_HORIZON_DEFAULT_SECONDS,
+    EARLIEST_RULES,
     EarliestInput,
     EarliestOutput,
     ExplainInput,
@@ -27,7 +28,7 @@ from core.api.rpc import RpcViewSet, rpc_action, rpc_output
 from core.authentication import principal_of
 from core.decisions import CAPACITY_READ
 from reservations.request.resolve import reservation_request_resolve, resolve_refusals
-from reservations.request.serializers import ReservationRequestSerializer
+from reservations.request.serializers import RESERVATION_REQUEST_RULES, ReservationRequestSerializer
 
 EXPLAIN_EXAMPLES = [
     OpenApiExample(
@@ -153,6 +154,7 @@ class PlanningViewSet(RpcViewSet):
             "request would displace and when it would start, never their ids. "
             + resolve_refusals("reservations/create")
         ),
+        rules=RESERVATION_REQUEST_RULES,
     )
     def preview(self, request: Request) -> Response:
         resolved = reservation_request_resolve(
@@ -178,6 +180,7 @@ class PlanningViewSet(RpcViewSet):
             + " NOT_FOUND too when `nodeId` is not a node of the pool."
         ),
         examples=EXPLAIN_EXAMPLES,
+        rules=RESERVATION_REQUEST_RULES,
     )
     def explain(self, request: Request) -> Response:
         body = request.data
@@ -209,6 +212,7 @@ class PlanningViewSet(RpcViewSet):
             "written and no quota is checked. " + resolve_refusals("reservations/create")
         ),
         examples=EARLIEST_EXAMPLES,
+        rules=EARLIEST_RULES,
     )
     def earliest(self, request: Request) -> Response:
         body, search = earliest_input_split(request.data)

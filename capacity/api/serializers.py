@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from capacity.selectors.pools import SUMMED_FIELDS
-from core.api.fields import StrictRegexField, StrictSerializer, pool_id_field, tenant_id_field
+from core.api.fields import DurationField, StrictRegexField, StrictSerializer, pool_id_field, tenant_id_field
+from core.api.schema import Rule
 from core.constants import MAX_TIME_MS, NODE_ID_REGEX
-from core.durations import DurationError, parse_duration
 from core.errors import InvalidInput
 from reservations.models import ROLLUP_COUNTS
 from reservations.request.parse import invalid_input
-from reservations.request.serializers import ReservationRequestSerializer, bounded_int
+from reservations.request.serializers import ITEM_RULES, ReservationRequestSerializer, bounded_int
 from reservations.request.types import START_GRACE_MS, start_horizon_message, start_horizon_seconds
 
 
@@ -117,25 +116,27 @@ EARLIEST_HORIZON_MAX_SECONDS = 30 * 86400
 EARLIEST_HORIZON_DEFAULT_SECONDS = 7 * 86400
 
 
-@extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string"}], "example": "7d"})
-class HorizonField(serializers.Field):
+EARLIEST_RULES = (
+    *ITEM_RULES,
+    Rule(
+        ("from",),
+        "`from` is at most 5 minutes before now and at most the booking horizon (365 days by default) "
+        "after it",
+    ),
+    Rule(("horizon",), "a horizon string's value is at most 30 days, as the integer's"),
+)
+
+
+def horizon_field(**kwargs: Any) -> DurationField:
     """How far past `from` capacity/earliest may start the request: seconds or a duration string."""
-
-    def to_internal_value(self, data: Any) -> int:
-        try:
-            return parse_duration(data, minimum=0, maximum=EARLIEST_HORIZON_MAX_SECONDS)
-        except DurationError as exc:
-            raise serializers.ValidationError(str(exc)) from exc
-
-    def to_representation(self, value: Any) -> Any:
-        return value
+    return DurationField(minimum=0, maximum=EARLIEST_HORIZON_MAX_SECONDS, example="7d", **kwargs)
 
 
 class EarliestSearchInput(StrictSerializer):
     """`capacity/earliest`'s own fields: where the search starts and how far it goes."""
 
     # `from` is a Python keyword: the field is declared under its JSON name below.
-    horizon = HorizonField(
+    horizon = horizon_field(
         required=False,
         help_text="seconds or a duration string (`7d`, `36h`); at most 30 days; default 7 days",
     )
@@ -168,7 +169,7 @@ class EarliestSearchInput(StrictSerializer):
 class EarliestInput(ReservationRequestSerializer):
     """The body of `capacity/earliest`: a preview's without `start`, plus `from` and `horizon` (OpenAPI)."""
 
-    horizon = HorizonField(required=False, help_text=EarliestSearchInput().fields["horizon"].help_text)
+    horizon = horizon_field(required=False, help_text=EarliestSearchInput().fields["horizon"].help_text)
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()

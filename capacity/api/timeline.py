@@ -16,6 +16,7 @@ from core.api.fields import (
     time_ms_field,
 )
 from core.api.rpc import RpcViewSet, rpc_action, rpc_output
+from core.api.schema import Rule
 
 
 class TimelineInput(StrictSerializer):
@@ -68,6 +69,12 @@ class TimelineOutput(serializers.Serializer):
         return {"poolId": fields.pop("poolId"), "from": serializers.IntegerField(), **fields}
 
 
+TIMELINE_RULES = (
+    Rule(("to",), "`to` is after `from` (given or defaulted) and at most 7 days after it"),
+    Rule(("stepMinutes",), "the window holds at most 336 buckets of `stepMinutes`"),
+)
+
+
 class TimelineViewSet(RpcViewSet):
     """The capacity group's timeline method (the other capacity reads are in `capacity.api.views`)."""
 
@@ -75,6 +82,7 @@ class TimelineViewSet(RpcViewSet):
         "timeline",
         request=TimelineInput,
         response=TimelineOutput,
+        rules=TIMELINE_RULES,
         summary="Whole GPUs booked per time bucket of one pool, and how many stay free",
         description=(
             "`from` defaults to the start of the current hour, `to` to 24 hours after `from`, "

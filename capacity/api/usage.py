@@ -20,12 +20,16 @@ from core.api.fields import (
     time_ms_field,
 )
 from core.api.rpc import RpcViewSet, rpc_action, rpc_input
+from core.api.schema import CURSOR_RULE, Rule
 from core.authentication import principal_of
 from core.constants import PROJECT_ID_REGEX
 from core.decisions import RESERVATIONS_READ, decide_tenant
 from core.errors import NotFound
 from inventory.models import Project
 from ledger.access import decide_pool
+
+# A row's unit: atom-hours for atom classes, unit-hours for host scalars.
+USAGE_UNITS = ("atom-hours", "unit-hours")
 
 
 class UsageHourlyInput(StrictSerializer):
@@ -70,7 +74,7 @@ class UsageRowSerializer(serializers.Serializer):
         help_text="an atom class (gpu, gpu.mig, ...) or a host scalar (vcpu, ...)"
     )
     spot = serializers.BooleanField(help_text="spot reservations are counted apart from regular ones")
-    unit = serializers.ChoiceField(choices=["atom-hours", "unit-hours"])
+    unit = serializers.ChoiceField(choices=USAGE_UNITS)
     amount = serializers.FloatField(help_text="the usage in `unit`, rounded to six decimals")
     microseconds = serializers.IntegerField(
         help_text="the exact usage: quantity times microseconds held; sums of it are exact"
@@ -155,6 +159,11 @@ _EXAMPLES = [
     ),
 ]
 
+USAGE_RULES = (
+    Rule(("to",), "`to` is after `from` and at most 31 days (744 hours) after it, in whole hours"),
+    CURSOR_RULE,
+)
+
 
 class UsageViewSet(RpcViewSet):
     """The usage group."""
@@ -164,6 +173,7 @@ class UsageViewSet(RpcViewSet):
         "hourly",
         request=UsageHourlyInput,
         response=UsageHourlyOutput,
+        rules=USAGE_RULES,
         summary="What the tenant held, per hour, pool, project, resource and spot flag",
         description=(
             "Atoms in atom-hours, host scalars in unit-hours, each booking clipped to when it really "

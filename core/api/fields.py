@@ -15,6 +15,14 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 
 from core.constants import MAX_TIME_MS, NODE_ID_REGEX, POOL_ID_REGEX, TENANT_ID_REGEX
+from core.durations import (
+    DURATION_PATTERN,
+    MAX_SECONDS,
+    MAX_TEXT_LENGTH,
+    MIN_SECONDS,
+    DurationError,
+    parse_duration,
+)
 from core.errors import MAX_ERROR_DETAILS, more_detail
 
 
@@ -123,3 +131,32 @@ def node_id_field(**kwargs: Any) -> StrictRegexField:
 
 def time_ms_field(**kwargs: Any) -> StrictIntegerField:
     return StrictIntegerField(min_value=0, max_value=MAX_TIME_MS, **kwargs)
+
+
+class DurationField(serializers.Field):
+    """Seconds, or a duration string (`90s`, `1h30m`, `1d`, `PT8H`), between `minimum` and `maximum`."""
+
+    def __init__(
+        self, *, minimum: int = MIN_SECONDS, maximum: int = MAX_SECONDS, example: str = "1h30m", **kwargs: Any
+    ) -> None:
+        self.minimum, self.maximum, self.example = minimum, maximum, example
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        try:
+            return parse_duration(data, minimum=self.minimum, maximum=self.maximum)
+        except DurationError as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+    def openapi_schema(self) -> dict[str, Any]:
+        """The integer's range is the schema's; a string's value is bounded by the same range (a rule)."""
+        return {
+            "oneOf": [
+                {"type": "integer", "minimum": self.minimum, "maximum": self.maximum},
+                {"type": "string", "pattern": DURATION_PATTERN, "maxLength": MAX_TEXT_LENGTH},
+            ],
+            "example": self.example,
+        }

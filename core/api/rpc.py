@@ -3,8 +3,8 @@
 A view reads as: validate (`rpc_input`) → decide (`core.decisions`) → call one
 service or selector → serialize (`rpc_output`); `rpc_tenant_input` and
 `rpc_platform_input` are the first two steps for the usual decisions.
-`rpc_action` declares a method and its OpenAPI operation; `RpcAutoSchema` and
-`BearerTokenScheme` name them as the contract does.
+`rpc_action` declares a method and its OpenAPI operation, every answer included
+(`core.api.schema`).
 """
 
 from __future__ import annotations
@@ -12,43 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api.envelope import ErrorSerializer
 from core.api.parsing import EscapedJSONRenderer, StrictJSONParser, check_json_body
+from core.api.schema import RpcAutoSchema, Rule, method_responses, rules_description
 from core.authentication import BearerTokenAuthentication, PrincipalRequired, principal_of
 from core.decisions import WRITE_PERMISSIONS, decide_platform, decide_tenant
 from core.ratelimit import writes_count
 from core.replica import replica_aware
-
-
-class BearerTokenScheme(OpenApiAuthenticationExtension):
-    """`Authorization: Bearer bc_...` in the OpenAPI document (and Swagger UI's Authorize button)."""
-
-    target_class = "core.authentication.BearerTokenAuthentication"
-    name = "bearerToken"
-
-    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, str]:
-        return {"type": "http", "scheme": "bearer", "description": "a token from `manage.py issue_token`"}
-
-
-class RpcAutoSchema(AutoSchema):
-    """Operation ids and tags as the contract names methods: `capacity.byPool`, tag `capacity`."""
-
-    def _method_path(self) -> list[str]:
-        return [part for part in self.path.split("/") if part][-2:]
-
-    def get_operation_id(self) -> str:
-        return ".".join(self._method_path())
-
-    def get_tags(self) -> list[str]:
-        return self._method_path()[:1]
 
 
 class RpcViewSet(viewsets.ViewSet):
@@ -70,13 +45,6 @@ class RpcViewSet(viewsets.ViewSet):
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-ERROR_RESPONSES: dict[int, type[serializers.Serializer]] = {
-    400: ErrorSerializer,
-    401: ErrorSerializer,
-    403: ErrorSerializer,
-    404: ErrorSerializer,
-}
-
 
 def rpc_action(
     method: str,
@@ -86,17 +54,26 @@ def rpc_action(
     summary: str,
     description: str = "",
     status: int = 200,
-    errors: dict[int, type[serializers.Serializer]] | None = None,
+    refuses: tuple[str, ...] = (),
+    replay: str = "",
+    rules: tuple[Rule, ...] = (),
     examples: list[OpenApiExample] | None = None,
 ) -> Callable[[F], F]:
-    """`@action(detail=False, methods=["post"], url_path=method)` plus its exact `@extend_schema`."""
+    """`@action(detail=False, methods=["post"], url_path=method)` plus its exact `@extend_schema`.
+
+    `refuses`: the contract codes beyond those every method answers (`CONFLICT`,
+    `NO_CAPACITY`, `QUOTA_EXCEEDED`, `RATE_LIMITED`); `replay`: what the 200 of
+    an idempotent create's replay means, beside its `status`; `rules`: what the
+    server checks that the schema cannot state.
+    """
 
     def decorate(func: F) -> F:
-        responses: dict[int, Any] = {status: response, **ERROR_RESPONSES, **(errors or {})}
+        responses = method_responses(response=response, status=status, refuses=refuses, replay=replay)
         # extend_schema goes on the outside, as drf-spectacular documents for actions.
         # `replica_aware`: the lag-tolerant reads may run on a replica (core.replica); a no-op without one.
         routed: Any = action(detail=False, methods=["post"], url_path=method)(replica_aware(func))
-        text = description or func.__doc__ or ""
+        routed.rpc_rules = rules
+        text = (description or func.__doc__ or "") + rules_description(rules)
         decorated: F = extend_schema(
             request=request, responses=responses, summary=summary, description=text, examples=examples
         )(routed)

@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api.rpc import RpcViewSet, rpc_action, rpc_input, rpc_output, rpc_platform_input
+from core.api.schema import CURSOR_RULE, Rule
 from core.authentication import actor_of, principal_of
 from core.decisions import (
     INVENTORY_REPORT,
@@ -89,6 +90,18 @@ def _node_operation(
     )(view)
 
 
+# What the node report's schema cannot say (`inventory.reports.report_parse` checks it).
+REPORT_RULES = (
+    Rule(("report.gpus[].uuid",), "no GPU uuid twice in a report"),
+    Rule(("report.disks[].id",), "no disk id twice in a report"),
+    Rule(("report.nics[].vfs[]",), "no VF address twice in a report"),
+    Rule(("report.nics[].vfs",), "at most 2048 VFs in all the report's NICs"),
+    Rule(("report.gpus[].mig.instances[]",), "no MIG instance (gi, ci) twice on a GPU"),
+    Rule(("report.gpus[].mig.instances[].memoryMiB",), "a MIG instance fits in its GPU's memoryMiB"),
+    Rule(("report.gpus[].mig.instances",), "MIG instances only on a GPU whose MIG is enabled"),
+)
+
+
 class NodesViewSet(RpcViewSet):
     """The nodes group."""
 
@@ -107,6 +120,7 @@ class NodesViewSet(RpcViewSet):
         "list",
         request=NodeListInput,
         response=NodeListOutput,
+        rules=(CURSOR_RULE,),
         summary="Nodes in hostname order, by pool, bucket, hostname prefix or label",
         description=(
             "Operators (`compute:nodes:operate`) and node agents (`compute:inventory:report`); "
@@ -160,6 +174,8 @@ class InventoryViewSet(RpcViewSet):
         "report",
         request=ReportInput,
         response=ReportOutput,
+        refuses=("CONFLICT",),
+        rules=REPORT_RULES,
         summary="A node's hardware report",
         description=(
             "Node agents (platform `node-agent`) and operators (`compute:inventory:report`). "

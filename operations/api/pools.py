@@ -20,6 +20,7 @@ from rest_framework.response import Response
 
 from capacity.api.views import by_pool_action, by_pool_answer
 from core.api.rpc import RpcViewSet, rpc_action, rpc_input, rpc_platform_input
+from core.api.schema import CURSOR_RULE, Rule
 from core.authentication import actor_of, principal_of
 from core.decisions import CAPACITY_READ, POOLS_MANAGE, decide_platform, decide_tenant
 from inventory.services.pools import (
@@ -99,6 +100,14 @@ def _set_offering(
     return _answer_offering(pool_id, tenant_id, status=status)
 
 
+SLOTS_RULE = Rule(
+    ("slotsPerGpu",),
+    "`slotsPerGpu` is required for a timeslice or mps pool and refused for the others",
+)
+OWNER_RULE = Rule(("ownerTenantId",), "`ownerTenantId` names a tenant that exists")
+OFFER_RULE = Rule(("tenantId",), "`tenantId` names a tenant that exists and is not the pool's owner")
+
+
 class PoolManagementMixin:
     """`pools/create`, `update`, `archive`, `unarchive` and `list`, mixed into the pools group."""
 
@@ -107,6 +116,8 @@ class PoolManagementMixin:
         request=PoolCreateInput,
         response=PoolOutput,
         status=201,
+        refuses=("CONFLICT",),
+        rules=(SLOTS_RULE, OWNER_RULE),
         summary="Create a pool for an owner tenant",
         description=OPERATORS
         + " CONFLICT when the owner already has a pool of that name; `slotsPerGpu` is required for "
@@ -135,6 +146,8 @@ class PoolManagementMixin:
         "update",
         request=PoolUpdateInput,
         response=PoolOutput,
+        refuses=("CONFLICT",),
+        rules=(SLOTS_RULE,),
         summary="Change a pool's name, GPU model, labels, notice period, gang topology key or sharing mode",
         description=OPERATORS
         + " Only the fields given change. `sharing` may change only while none of the pool's GPU atoms "
@@ -190,6 +203,7 @@ class PoolManagementMixin:
         "list",
         request=PoolListInput,
         response=PoolListOutput,
+        rules=(CURSOR_RULE,),
         summary="Pools in creation order, by owner and archived state",
         description=OPERATORS.split(" Audited")[0] + " `nextCursor` pages on (pass it as `cursor`).",
         examples=[
@@ -225,6 +239,8 @@ class OfferingsViewSet(RpcViewSet):
         request=OfferingCreateInput,
         response=OfferingOutput,
         status=201,
+        refuses=("CONFLICT",),
+        rules=(OFFER_RULE,),
         summary="Offer a pool to a tenant, with a quota per resource",
         description=OPERATORS
         + " `quota` maps a resource (`gpu`, `gpu.mig`, `gpu.slot`, scalars) to its limit; a resource "
@@ -252,6 +268,7 @@ class OfferingsViewSet(RpcViewSet):
         "update",
         request=OfferingUpdateInput,
         response=OfferingOutput,
+        refuses=("CONFLICT",),
         summary="Change an offering's limits, or the mode of its quota",
         description=OPERATORS
         + " The resources named in `quota` get the limit given (`null` removes the limit); the others "
@@ -275,6 +292,7 @@ class OfferingsViewSet(RpcViewSet):
         "withdraw",
         request=OfferingInput,
         response=WithdrawnOutput,
+        refuses=("CONFLICT",),
         summary="Withdraw an offering and its quota",
         description=OPERATORS
         + " CONFLICT while the tenant holds live (scheduled or active) reservations in the pool: they "

@@ -21,9 +21,12 @@ from core.api.fields import (
     pool_id_field,
     tenant_id_field,
 )
-from inventory.choices import ALL_RESOURCES, Sharing
+from core.constants import TOPOLOGY_KEY_REGEX
+from core.json_input import FREE_TEXT_PATTERN
+from inventory.choices import ALL_RESOURCES, DeviceClass, Sharing
 from inventory.models import TaintEffect
-from inventory.schedulability import BUCKETS, EXCLUDED, SCHEDULABLE
+from inventory.reports import report_schema
+from inventory.schedulability import EXCLUDED, MAINTENANCE, PROVISIONING, SCHEDULABLE, UNHEALTHY, UNREACHABLE
 from inventory.selectors import NODE_LIST_DEFAULT, NODE_LIST_MAX
 from inventory.services.pools import POOL_NAME_RE
 from ledger.models import QuotaMode
@@ -41,7 +44,9 @@ LIST_DEFAULT = 100
 LABELS_MAX = 64
 QUOTA_MAX = 1 << 40
 LABEL_KEY_REGEX = r"^[A-Za-z0-9._/-]{1,63}$"
-TOPOLOGY_KEY_REGEX = r"^\S{1,128}$"
+
+# The bucket a node counts in (`inventory.schedulability`), in the order the consoles show them.
+NODE_BUCKETS = (SCHEDULABLE, PROVISIONING, MAINTENANCE, UNREACHABLE, UNHEALTHY, EXCLUDED)
 
 
 class LabelsField(serializers.DictField):
@@ -58,6 +63,17 @@ class LabelsField(serializers.DictField):
         if bad:
             raise serializers.ValidationError(f"label key {bad[0]!r} must match {LABEL_KEY_REGEX}")
         return value
+
+    def openapi_schema(self) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "patternProperties": {
+                LABEL_KEY_REGEX: {"type": "string", "maxLength": 256, "pattern": FREE_TEXT_PATTERN}
+            },
+            "additionalProperties": False,
+            "maxProperties": LABELS_MAX,
+            "example": {"region": "us-east"},
+        }
 
 
 class QuotaField(serializers.DictField):
@@ -79,6 +95,16 @@ class QuotaField(serializers.DictField):
         value: dict[str, int | None] = super().to_internal_value(data)
         return value
 
+    def openapi_schema(self) -> dict[str, Any]:
+        limit: dict[str, Any] = {"type": ["integer", "null"] if self.allow_remove else "integer"}
+        limit |= {"minimum": 0, "maximum": QUOTA_MAX}
+        return {
+            "type": "object",
+            "properties": {resource: limit for resource in ALL_RESOURCES},
+            "additionalProperties": False,
+            "example": {"gpu": 16},
+        }
+
 
 class PoolCreateInput(StrictSerializer):
     ownerTenantId = tenant_id_field(source="owner_id")
@@ -92,8 +118,14 @@ class PoolCreateInput(StrictSerializer):
         min_value=0, max_value=86400, required=False, default=30, source="notice_seconds"
     )
     labels = LabelsField(required=False, default=dict)
+    # "" (the default): the pool uses the default key (`fabric`).
     gangTopologyKey = StrictRegexField(
-        TOPOLOGY_KEY_REGEX, max_length=128, required=False, default="", source="gang_topology_key"
+        TOPOLOGY_KEY_REGEX,
+        max_length=128,
+        required=False,
+        allow_blank=True,
+        default="",
+        source="gang_topology_key",
     )
 
 
@@ -246,7 +278,7 @@ class SetHealthInput(StrictSerializer):
 
 class NodeListInput(StrictSerializer):
     poolId = pool_id_field(required=False)
-    bucket = serializers.ChoiceField(choices=[SCHEDULABLE, *BUCKETS, EXCLUDED], required=False)
+    bucket = serializers.ChoiceField(choices=NODE_BUCKETS, required=False)
     hostnamePrefix = StrictCharField(max_length=253, required=False, source="hostname_prefix")
     # DRF's metaclass takes declared fields off the class, so this does not shadow
     # `Field.label` at run time; mypy only sees the class body.
@@ -259,14 +291,21 @@ class NodeListInput(StrictSerializer):
     cursor = StrictCharField(max_length=1024, required=False, allow_null=True)
 
 
+class NodeReportField(serializers.JSONField):
+    """A node report: an object here, parsed whole by `inventory.reports.report_parse` in the service."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("must be a JSON object")
+        return super().to_internal_value(data)
+
+    def openapi_schema(self) -> dict[str, Any]:
+        return report_schema()
+
+
 class ReportInput(StrictSerializer):
     nodeId = node_id_field()
-    report = serializers.JSONField(help_text="a node report; its format is checked field by field")
-
-    def validate_report(self, value: object) -> object:
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("must be a JSON object")
-        return value
+    report = NodeReportField(help_text="a node report (fleet.md); its format is checked field by field")
 
 
 class DeviceSerializer(serializers.Serializer):
@@ -280,9 +319,7 @@ class DeviceSerializer(serializers.Serializer):
 
 
 # The API's field is `class`, a Python keyword: declared after the class body.
-DeviceSerializer._declared_fields["class"] = serializers.ChoiceField(
-    choices=["gpu", "gpu.mig", "gpu.slot", "nic.vf", "disk", "node"]
-)
+DeviceSerializer._declared_fields["class"] = serializers.ChoiceField(choices=DeviceClass.values)
 
 
 class TaintSerializer(serializers.Serializer):
@@ -318,9 +355,7 @@ class NodeSerializer(serializers.Serializer):
             "convergedSpecs": serializers.IntegerField(),
             "labels": serializers.DictField(child=serializers.CharField()),
             "lastHeartbeatAt": serializers.IntegerField(allow_null=True),
-            "bucket": serializers.ChoiceField(
-                choices=["schedulable", "provisioning", "maintenance", "unreachable", "unhealthy", "excluded"]
-            ),
+            "bucket": serializers.ChoiceField(choices=NODE_BUCKETS),
             "schedulable": serializers.BooleanField(),
             "taints": TaintSerializer(many=True),
             "resources": NodeResourceSerializer(many=True),

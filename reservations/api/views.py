@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api.envelope import ErrorSerializer
 from core.api.rpc import RpcViewSet, rpc_action, rpc_output, rpc_tenant_input, rpc_write_count
+from core.api.schema import CURSOR_RULE
 from core.authentication import actor_of, principal_of
 from core.decisions import RESERVATIONS_READ, RESERVATIONS_WRITE
 from reservations.api.serializers import (
@@ -27,20 +26,21 @@ from reservations.api.serializers import (
 )
 from reservations.models import Reservation
 from reservations.request.resolve import reservation_request_resolve, resolve_refusals
-from reservations.request.serializers import ReservationRequestSerializer
+from reservations.request.serializers import RESERVATION_REQUEST_RULES, ReservationRequestSerializer
 from reservations.selectors import reservation_get, reservation_list, reservation_payload
 from reservations.services import reservation_create, reservation_release, reservation_renew
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-CONFLICTS: dict[int, type[serializers.Serializer]] = {409: ErrorSerializer}
+# A write counts against the token's and the tenant's rate limits (`core.ratelimit`).
+WRITE = ("RATE_LIMITED",)
 
 
 def _reservation_action(
     method: str,
     summary: str,
     description: str = "",
-    errors: dict[int, type[serializers.Serializer]] | None = None,
+    refuses: tuple[str, ...] = (),
 ) -> Callable[[F], F]:
     """`get`, `release` and `renew`: `{tenantId, reservationId}` in, the reservation out."""
     return rpc_action(
@@ -49,7 +49,7 @@ def _reservation_action(
         response=ReservationOutput,
         summary=summary,
         description=description,
-        errors=errors,
+        refuses=refuses,
     )
 
 
@@ -77,7 +77,9 @@ class ReservationsViewSet(RpcViewSet):
             "QUOTA_EXCEEDED when the tenant's quota in the pool would be exceeded. "
             + resolve_refusals("capacity/preview")
         ),
-        errors=CONFLICTS,
+        refuses=("CONFLICT", "NO_CAPACITY", "QUOTA_EXCEEDED", *WRITE),
+        replay="The same `idempotencyKey` with the same request: the reservation it made, unchanged",
+        rules=RESERVATION_REQUEST_RULES,
     )
     def create_reservation(self, request: Request) -> Response:
         resolved = reservation_request_resolve(
@@ -107,6 +109,7 @@ class ReservationsViewSet(RpcViewSet):
         response=ReservationListOutput,
         summary="The tenant's reservations, newest first",
         description="Cursor-paginated on (createdAt, id); `nextCursor` is null on the last page.",
+        rules=(CURSOR_RULE,),
     )
     def list_reservations(self, request: Request) -> Response:
         data = rpc_tenant_input(request, ReservationListInput, permission=RESERVATIONS_READ)
@@ -127,6 +130,7 @@ class ReservationsViewSet(RpcViewSet):
         "Release a reservation now",
         "Its running bookings end at compute_now(), future ones are deleted; scalars, quota and "
         "rollup counts are given back. Releasing twice answers the same.",
+        refuses=WRITE,
     )
     def release_reservation(self, request: Request) -> Response:
         data = rpc_tenant_input(request, ReservationRefInput, permission=RESERVATIONS_WRITE)
@@ -142,7 +146,7 @@ class ReservationsViewSet(RpcViewSet):
         "renew",
         "Renew a reservation's lease",
         "A new `leaseExpiresAt`, `leaseSeconds` from now. CONFLICT without a lease or once ended.",
-        errors=CONFLICTS,
+        refuses=("CONFLICT", *WRITE),
     )
     def renew_reservation(self, request: Request) -> Response:
         data = rpc_tenant_input(request, ReservationRefInput, permission=RESERVATIONS_WRITE)

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from core.errors import InvalidInput
+from core.json_input import FREE_TEXT_PATTERN, json_integer
 from inventory.attributes import ATTRIBUTE_TYPES, NODE_LABEL_PREFIX, attribute_type
 from reservations.request.types import Selector
 
@@ -46,6 +47,53 @@ _LABEL_NAME = re.compile(r"node\.[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 
 
 # --- The API object form ---------------------------------------------------------
+
+
+def _value_schema(kind: type) -> dict[str, Any]:
+    if kind is int:
+        return {"type": "integer", "minimum": -MAX_INT, "maximum": MAX_INT}
+    return {"type": "string", "maxLength": MAX_STRING_LENGTH, "pattern": FREE_TEXT_PATTERN}
+
+
+def _entry_schema(kind: type) -> dict[str, Any]:
+    """A bare value (`eq`) or an object of exactly one operator, typed by the attribute's kind."""
+    value = _value_schema(kind)
+    values = {"type": "array", "items": value, "minItems": 1, "maxItems": MAX_LIST_ITEMS}
+    operators: dict[str, Any] = {"eq": value, "ne": value, "in": values, "notIn": values}
+    operators["exists"] = {"type": "boolean"}
+    if kind is int:
+        operators |= {op: value for op in sorted(ORDERED_OPERATORS)}
+    one_operator = {
+        "type": "object",
+        "properties": operators,
+        "additionalProperties": False,
+        "minProperties": 1,
+        "maxProperties": 1,
+    }
+    return {"oneOf": [value, one_operator]}
+
+
+def selector_schema() -> dict[str, Any]:
+    """The selector's JSON Schema, from the attribute registry: what `selector_errors` takes."""
+    return {
+        "type": "object",
+        "description": "attribute → value (equality) or one operator object: "
+        + ", ".join(OPERATORS)
+        + "; a node label is `node.<label>`",
+        "properties": {name: _entry_schema(kind) for name, kind in sorted(ATTRIBUTE_TYPES.items())},
+        "patternProperties": {f"^{_LABEL_NAME.pattern}$": _entry_schema(str)},
+        "additionalProperties": False,
+        "maxProperties": MAX_ATTRIBUTES,
+        "example": {"vramGiB": {"gte": 80}, "gpuModel": "H100"},
+    }
+
+
+def _typed(kind: type, value: Any) -> Any:
+    """An integer attribute's value as an int (`80.0` is 80, as JSON Schema reads it); others as sent."""
+    if kind is int:
+        number = json_integer(value)
+        return value if number is None else number
+    return value
 
 
 def _check_value(kind: type, value: Any) -> str | None:
@@ -83,6 +131,7 @@ def normalize_entry(name: Any, spec: Any) -> tuple[dict[str, Any] | None, str | 
         if not isinstance(value, bool):
             return None, "exists takes true or false"
         return {op: value}, None
+    value = [_typed(kind, item) for item in value] if isinstance(value, list) else _typed(kind, value)
     if op in ORDERED_OPERATORS and kind is not int:
         return None, f"{op} compares integers; {name} is a string attribute"
     if op in LIST_OPERATORS:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api.fields import (
+    DurationField,
     StrictBooleanField,
     StrictIntegerField,
     StrictRegexField,
@@ -22,10 +22,10 @@ from core.api.fields import (
     pool_id_field,
     tenant_id_field,
 )
-from core.constants import MAX_TIME_MS, PROJECT_ID_REGEX
-from core.durations import DurationError, parse_duration
+from core.api.schema import Rule
+from core.constants import MAX_TIME_MS, PROJECT_ID_REGEX, TOPOLOGY_KEY_REGEX
 from inventory.choices import CLASS_SHARING
-from reservations.request.device_match import selector_errors
+from reservations.request.device_match import selector_errors, selector_schema
 from reservations.request.types import (
     BINDINGS,
     DEVICE_CLASSES,
@@ -38,6 +38,29 @@ from reservations.request.types import (
     start_horizon_message,
     start_horizon_seconds,
 )
+
+# What a schema-valid reservation request may still be refused for: the method's `x-rules`.
+ITEM_RULES = (
+    Rule(
+        ("devices[].sharing",),
+        "an item's `sharing` is one its class is booked as: `gpu` exclusive, `gpu.mig` mig, `gpu.slot` "
+        "timeslice or mps, other classes exclusive; for a GPU class, the pool's own mode",
+    ),
+    Rule(
+        ("devices[].class",),
+        "a GPU class is one the pool's sharing mode serves: `gpu` in an exclusive pool, `gpu.mig` in a "
+        "mig pool, `gpu.slot` in a timeslice or mps pool",
+    ),
+    Rule(("devices[].topology",), "`nvlink-all` applies to GPU classes only"),
+    Rule(("devices[].count",), "a `node` item's count is 1"),
+    Rule(("duration",), "a duration string's value is 60 seconds to 366 days, as the integer's"),
+)
+START_RULE = Rule(
+    ("start",),
+    "`start` is at most 5 minutes before now (a start a little in the past is now) and at most the "
+    "booking horizon (365 days by default) after it",
+)
+RESERVATION_REQUEST_RULES = (*ITEM_RULES, START_RULE)
 
 
 def bounded_int(lo: int, hi: int, **kwargs: Any) -> StrictIntegerField:
@@ -68,29 +91,6 @@ class _StrictChoiceField(serializers.ChoiceField):
         return super().to_internal_value(data)
 
 
-@extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string"}], "example": "1h30m"})
-class DurationField(serializers.Field):
-    """Seconds, or a duration string (`90s`, `1h30m`, `1d`, `PT8H`); 60 s to 366 days."""
-
-    def to_internal_value(self, data: Any) -> int:
-        try:
-            return parse_duration(data)
-        except DurationError as exc:
-            raise serializers.ValidationError(str(exc)) from exc
-
-    def to_representation(self, value: Any) -> Any:
-        return value
-
-
-@extend_schema_field(
-    {
-        "type": "object",
-        "additionalProperties": True,
-        "description": "attribute → value (equality) or one operator object: eq, ne, gt, gte, lt, lte, "
-        "in, notIn, exists",
-        "example": {"vramGiB": {"gte": 80}, "gpuModel": "H100"},
-    }
-)
 class SelectorField(serializers.Field):
     """A selector in the API's object form, normalized and typed against the attribute registry."""
 
@@ -106,6 +106,9 @@ class SelectorField(serializers.Field):
 
     def to_representation(self, value: Any) -> Any:
         return value
+
+    def openapi_schema(self) -> dict[str, Any]:
+        return selector_schema()
 
 
 class _RequestPart(StrictSerializer):
@@ -180,7 +183,7 @@ class GangSerializer(_RequestPart):
     """`size` nodes sharing one value of the node label `topologyKey` (default `fabric`)."""
 
     size = bounded_int(2, 64)
-    topologyKey = StrictRegexField(r"^\S{1,128}$", max_length=128, required=False)
+    topologyKey = StrictRegexField(TOPOLOGY_KEY_REGEX, max_length=128, required=False)
 
 
 class ReservationRequestSerializer(_RequestPart):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from inventory.choices import ATOM_CLASSES, Sharing
+
 # A normalized selector: attribute name -> {operator: value}, operators
 # eq, ne, gt, gte, lt, lte, in, notIn, exists; values already type-checked
 # against inventory.attributes.
@@ -47,13 +49,13 @@ class ReservationRequest:
     raw: dict[str, Any] = field(default_factory=dict)
 
 
-DEVICE_CLASSES = ("gpu", "gpu.mig", "gpu.slot", "nic.vf", "disk", "node")
+DEVICE_CLASSES: tuple[str, ...] = ATOM_CLASSES
 
 
 GPU_CLASSES = frozenset({"gpu", "gpu.mig", "gpu.slot"})
 
 
-SHARING_MODES = ("exclusive", "mig", "timeslice", "mps")
+SHARING_MODES: tuple[str, ...] = tuple(Sharing.values)
 
 
 TOPOLOGIES = ("any", "nvlink-all")

@@ -65,10 +65,15 @@ def test_it_refuses_malformed_strings(text: str) -> None:
         parse_duration(text)
 
 
-@pytest.mark.parametrize("value", [True, False, 3600.0, None, [3600], {"s": 3600}])
+@pytest.mark.parametrize("value", [True, False, 3600.5, None, [3600], {"s": 3600}])
 def test_it_refuses_values_that_are_neither_int_nor_string(value: object) -> None:
     with pytest.raises(DurationError):
         parse_duration(value)
+
+
+def test_an_integral_json_number_is_an_integer() -> None:
+    # JSON has one number type: JSON Schema's "integer" (and so the API document) admits 3600.0.
+    assert parse_duration(3600.0) == 3600
 
 
 @pytest.mark.parametrize("value", [0, 59, "59s", MAX_SECONDS + 1, "367d", "P53W", -60])

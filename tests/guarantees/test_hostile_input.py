@@ -9,14 +9,11 @@ never anything else.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import schemathesis
 from django.conf import settings as django_settings
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
@@ -29,7 +26,7 @@ from core.services import token_issue
 from inventory.reports import report_parse
 from reservations.request.device_match import normalize_selector, selector_to_api
 from tests.support.api import bearer_client, post, post_raw
-from tests.support.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
+from tests.support.factories import TenantFactory
 
 # The contract's error codes and the HTTP status each answers with, as the README states them
 # (stated here, not read from the code). INVALID_INPUT is the one that also answers with the
@@ -65,39 +62,6 @@ def assert_contract_answer(status: int, content_type: str, raw: bytes) -> Any:
     # Whatever the client sent is never echoed as live markup, even under a wrong content type.
     assert b"<script" not in raw.lower() and b"</script" not in raw.lower(), raw[:500]
     return body
-
-
-@pytest.fixture
-def in_process_requests() -> Iterator[None]:
-    """Keep the test's connection (and transaction) across WSGI calls, as Django's test client does.
-
-    Django closes database connections when a request finishes; schemathesis
-    calls the WSGI application directly, so that would close the connection
-    the test's transaction lives on.
-    """
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        yield
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
-def personas(db: Any, in_process_requests: None) -> dict[str, str | None]:
-    """Tokens for schemathesis's calls, and a world where generated ids sometimes hit something."""
-    acme = TenantFactory(id="acme")
-    pool = PoolFactory(owner=acme)
-    OfferingFactory(pool=pool, tenant=TenantFactory(id="beta"))
-    node = NodeFactory(pool=pool)
-    for _ in range(2):
-        DeviceFactory(node=node)
-    return {
-        "operator": token_issue(tenant_id=None, role="operator", name="fuzz operator")[1],
-        "member": token_issue(tenant_id="acme", role="member", name="fuzz member")[1],
-        "none": None,
-    }
 
 
 @schema.parametrize()

@@ -7,19 +7,13 @@ and pool pages land in `test-output/screenshots/` for a human to look at.
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.utils import timezone
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
@@ -42,44 +36,7 @@ from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMEDRIVER = "/usr/bin/chromedriver"
 SCREENSHOTS = ROOT / "test-output" / "screenshots"
-CHROME_FLAGS = (
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--window-size=1400,1800",
-)
-
-
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    missing = [
-        path for path in (CHROMEDRIVER, shutil.which("chromium")) if not path or not Path(path).exists()
-    ]
-    if missing:
-        # CI sets REQUIRE_BROWSER=1 (`.ci/run` installs the packages), so there the
-        # browser tests can never silently not run; elsewhere they are skipped, saying why.
-        message = "needs Chromium and its driver: apt-get install chromium chromium-driver"
-        if os.environ.get("REQUIRE_BROWSER") == "1":
-            pytest.fail(f"REQUIRE_BROWSER=1 but the browser is missing; {message}")
-        pytest.skip(message)
-    options = webdriver.ChromeOptions()
-    for flag in CHROME_FLAGS:
-        options.add_argument(flag)
-    binary = shutil.which("chromium")
-    if binary:
-        options.binary_location = binary
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.implicitly_wait(5)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
