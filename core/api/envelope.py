@@ -181,8 +181,17 @@ def handler500(request: HttpRequest) -> Any:
 
 
 class ErrorDetailSerializer(serializers.Serializer):
+    """One bad field or one reason; some refusals say more, in the optional fields."""
+
     field = serializers.CharField()
     message = serializers.CharField()
+    code = serializers.CharField(required=False, help_text="NO_CAPACITY: the placer's reason (`NO_FIT`, ...)")
+    resource = serializers.CharField(
+        required=False, help_text="QUOTA_EXCEEDED, and a quota's CONFLICT: the resource (`gpu`, `vcpu`, ...)"
+    )
+    used = serializers.IntegerField(required=False, help_text="what the tenant holds of `resource`")
+    max = serializers.IntegerField(required=False, help_text="the quota's limit for `resource`")
+    asked = serializers.IntegerField(required=False, help_text="QUOTA_EXCEEDED: what the request asked for")
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -22,6 +22,7 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent, append_meta
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
@@ -144,9 +145,16 @@ class RpcAutoSchema(AutoSchema):
         # A field whose rules no DRF attribute says (a selector, a duration, a node report)
         # states its own schema, beside the code that checks it.
         own = getattr(field, "openapi_schema", None)
-        if callable(own):
-            return own()
-        return super()._map_serializer_field(field, direction, bypass_extensions)
+        if not callable(own):
+            return super()._map_serializer_field(field, direction, bypass_extensions)
+        meta = self._get_serializer_field_meta(field, direction)
+        name = getattr(field, "openapi_component", "")
+        if not name:
+            return append_meta(own(), meta)
+        # A named component (`Selector`, `NodeReport`): one type in a generated client, not one per use.
+        component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, schema=own(), object=name)
+        self.registry.register_on_missing(component)
+        return append_meta(component.ref, meta)
 
     def _map_basic_serializer(self, serializer: Any, direction: str) -> dict[str, Any]:
         mapped: dict[str, Any] = super()._map_basic_serializer(serializer, direction)

@@ -123,8 +123,15 @@ def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int], windo
         raise QuotaExceeded(
             f"quota for {resource} in this pool would be exceeded ({used} {how} of {limit}, {amount} asked)",
             [
-                {"field": "quota", "resource": resource, "used": used, "max": limit, "asked": amount}
-                for resource, used, limit, amount, _how in refused
+                {
+                    "field": "quota",
+                    "message": f"{resource}: {used} {how} of {limit}, {amount} asked",
+                    "resource": resource,
+                    "used": used,
+                    "max": limit,
+                    "asked": amount,
+                }
+                for resource, used, limit, amount, how in refused
             ],
         )
 
@@ -207,7 +214,13 @@ def quota_limits_apply(
         # (switched by `mode`) at the limit they keep.
         wanted = {resource: row.max for resource, row in rows.items()} | limits
         below = [
-            {"field": f"quota.{resource}", "resource": resource, "used": rows[resource].used, "max": limit}
+            {
+                "field": f"quota.{resource}",
+                "message": f"{rows[resource].used} in use, above a limit of {limit}",
+                "resource": resource,
+                "used": rows[resource].used,
+                "max": limit,
+            }
             for resource, limit in sorted(wanted.items())
             if limit is not None
             and resource in rows

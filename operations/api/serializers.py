@@ -64,6 +64,8 @@ class LabelsField(serializers.DictField):
             raise serializers.ValidationError(f"label key {bad[0]!r} must match {LABEL_KEY_REGEX}")
         return value
 
+    openapi_component = "Labels"
+
     def openapi_schema(self) -> dict[str, Any]:
         return {
             "type": "object",
@@ -81,6 +83,8 @@ class QuotaField(serializers.DictField):
 
     def __init__(self, *, allow_remove: bool, **kwargs: Any) -> None:
         self.allow_remove = allow_remove
+        # An update's quota takes `null` (remove the limit); a create's does not.
+        self.openapi_component = "QuotaChange" if allow_remove else "Quota"
         super().__init__(
             child=StrictIntegerField(min_value=0, max_value=QUOTA_MAX, allow_null=allow_remove), **kwargs
         )
@@ -298,6 +302,8 @@ class NodeReportField(serializers.JSONField):
         if not isinstance(data, dict):
             raise serializers.ValidationError("must be a JSON object")
         return super().to_internal_value(data)
+
+    openapi_component = "NodeReport"
 
     def openapi_schema(self) -> dict[str, Any]:
         return report_schema()

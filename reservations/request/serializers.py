@@ -107,6 +107,8 @@ class SelectorField(serializers.Field):
     def to_representation(self, value: Any) -> Any:
         return value
 
+    openapi_component = "Selector"
+
     def openapi_schema(self) -> dict[str, Any]:
         return selector_schema()
 
