@@ -147,6 +147,7 @@ SPECTACULAR_SETTINGS = {
     # Enum components named for what they are (a generated client's type names), not `StateEnum`.
     "ENUM_NAME_OVERRIDES": {
         "Binding": "reservations.request.types.BINDINGS",
+        "ChangeKind": "reservations.models.DeliveryKind.values",
         "DeviceClass": "inventory.choices.DeviceClass.values",
         "ErrorCode": "core.errors.ERROR_CODES",
         "NodeBucket": "operations.api.serializers.NODE_BUCKETS",

@@ -113,6 +113,9 @@ class Node(models.Model):
     converged_specs = models.PositiveIntegerField(default=1)
     labels = models.JSONField(default=dict, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Registered by its own agent (`nodes/register`): its assignments go to the agent
+    # (`nodes/assignments`); demo and fleet-file nodes keep the stand-in daemon.
+    agent = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -7,5 +7,5 @@ class ReservationsConfig(AppConfig):
 
     def ready(self) -> None:
         # The services connect their receivers (a node's refusal releases the reservation,
-        # `reservations.delivery.sending.assignment_refused`) in every process that delivers.
+        # `reservations.delivery.signals.assignment_refused`) in every process that delivers.
         from reservations import services  # noqa: F401

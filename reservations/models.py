@@ -317,6 +317,32 @@ class Delivery(models.Model):
         return f"{self.kind} {self.reservation_id}"
 
 
+class NodeChange(models.Model):
+    """What a node's agent must apply, in order: the agent transport's per-node outbox.
+
+    Written when a reservation's delivery runs for a node with an agent, and kept
+    until the agent answers (`nodes/ack`), across restarts of either side. Its id
+    is the agent's `deliveryId`: increasing, so an agent asks for what follows
+    the last one it applied (`nodes/assignments {after}`).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    node = models.ForeignKey("inventory.Node", on_delete=models.CASCADE, related_name="changes")
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="node_changes")
+    kind = models.CharField(max_length=8, choices=DeliveryKind.choices)
+    payload = models.JSONField()
+    created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
+    answered_at = models.DateTimeField(null=True, blank=True)
+    accepted = models.BooleanField(null=True)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "id"], name="nodechange_node")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.reservation_id} on {self.node_id}"
+
+
 # The counts of a rollup row, in the contract's order; the API, the CLI and the
 # admin all show these columns.
 ROLLUP_COUNTS = (

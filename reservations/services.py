@@ -40,7 +40,7 @@ from core.services import audit_record
 from inventory.models import Pool
 from reservations.delivery.daemon import AllocationFailed
 from reservations.delivery.outbox import deliver_after_commit, delivery_enqueue, delivery_params, enqueue_sql
-from reservations.delivery.sending import assignment_refused
+from reservations.delivery.signals import assignment_refused
 from reservations.models import DeliveryKind, Reservation
 from reservations.placer.commit import placement_charge, placement_commit
 from reservations.placer.cut import reservation_cut

@@ -363,7 +363,10 @@ def _nodes_connect(*, ids: list[str], locked: dict[str, Node], actor: str) -> No
         cursor.execute(
             """
             UPDATE inventory_node SET connectivity = 'connected', last_heartbeat_at = compute_now(),
-                   updated_at = now()
+                   updated_at = now(),
+                   -- An agent's node joins the schedulable fleet with its first report.
+                   provision_state = CASE WHEN agent AND provision_state = 'discovered' THEN 'deployed'
+                                          ELSE provision_state END
              WHERE id = ANY(%s)
             """,
             [ids],

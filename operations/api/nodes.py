@@ -188,7 +188,7 @@ class InventoryViewSet(RpcViewSet):
     def report(self, request: Request) -> Response:
         data = rpc_input(request, ReportInput)
         scope = decide_node_scope(principal=principal_of(request), permissions=(INVENTORY_REPORT,))
-        node = _node_in_scope(scope, node_id=data["node_id"])
+        node = node_in_scope(scope, node_id=data["node_id"])
         try:
             devices = node_report_apply(node=node, report=data["report"], actor=actor_of(request))
         except InvalidInput as exc:
@@ -196,7 +196,7 @@ class InventoryViewSet(RpcViewSet):
         return rpc_output(ReportOutput, {"nodeId": node.pk, "devices": devices_detail(devices=devices)})
 
 
-def _node_in_scope(scope: NodeScope, *, node_id: str) -> Node:
+def node_in_scope(scope: NodeScope, *, node_id: str) -> Node:
     """The node, if the credential's scope covers it.
 
     A narrowed credential gets PERMISSION_DENIED for a node that does not

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rest_framework.routers import SimpleRouter
 
+from operations.api.agents import NodeAgentViewSet
 from operations.api.nodes import DevicesViewSet, InventoryViewSet, NodesViewSet
 from operations.api.pools import OfferingsViewSet, PoolsViewSet
 
@@ -12,6 +13,8 @@ router = SimpleRouter(trailing_slash=False)
 router.register("pools", PoolsViewSet, basename="pools")
 router.register("offerings", OfferingsViewSet, basename="offerings")
 router.register("nodes", NodesViewSet, basename="nodes")
+# The node agent's `nodes/register`, `heartbeat`, `assignments` and `ack`.
+router.register("nodes", NodeAgentViewSet, basename="node-agents")
 router.register("devices", DevicesViewSet, basename="devices")
 router.register("inventory", InventoryViewSet, basename="inventory")
 

@@ -250,7 +250,10 @@ def daemon_deliver(*, reservation_id: str) -> AllocationFailed | None:
     try:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT DISTINCT node_id FROM reservations_allocation WHERE reservation_id = %s ORDER BY 1",
+                # A node with its own agent hears through `reservations.delivery.agent` instead.
+                "SELECT DISTINCT a.node_id FROM reservations_allocation a"
+                " JOIN inventory_node n ON n.id = a.node_id AND NOT n.agent"
+                " WHERE a.reservation_id = %s ORDER BY 1",
                 [reservation_id],
             )
             node_ids = [node_id for (node_id,) in cursor.fetchall()]
@@ -404,6 +407,7 @@ def daemon_behind(*, limit: int = 500) -> list[str]:
             """
             SELECT DISTINCT r.id FROM reservations_reservation r
               JOIN reservations_allocation a ON a.reservation_id = r.id
+              JOIN inventory_node n ON n.id = a.node_id AND NOT n.agent
               JOIN device_bookings b ON b.allocation_id = a.id
               JOIN inventory_device d ON d.id = b.device_id
              WHERE r.state IN ('scheduled', 'active') AND upper(b.during) > compute_now()

@@ -1,4 +1,4 @@
-"""What a delivery tells the nodes: one outbox row's news, sent to the node daemon.
+"""What a delivery tells the nodes: one outbox row's news, sent to the node daemon or the node's agent.
 
 "assign" sends the reservation's assignments (`daemon_deliver`); "shorten"
 brings the nodes' records in line with its cut bookings (`daemon_shorten`).
@@ -11,14 +11,10 @@ delivery never imports the services: they write its rows
 
 from __future__ import annotations
 
-from django.dispatch import Signal
-
+from reservations.delivery.agent import agent_changes_enqueue
 from reservations.delivery.daemon import daemon_behind, daemon_deliver, daemon_shorten
+from reservations.delivery.signals import assignment_refused
 from reservations.models import DeliveryKind, Reservation
-
-# Sent with `reservation_id` and `refusal` (the node's `AllocationFailed`) when a node
-# refuses a live reservation's assignment; a receiver that raises fails the delivery.
-assignment_refused = Signal()
 
 
 def delivery_send(*, reservation_id: str, kind: str) -> None:
@@ -32,6 +28,9 @@ def delivery_send(*, reservation_id: str, kind: str) -> None:
         reservation_deliver(reservation_id=reservation_id)
     else:
         daemon_shorten(reservation_id=reservation_id)
+    # Nodes with their own agent hear it as a change they pull (`reservations.delivery.agent`);
+    # their answer comes later, and a refusal releases the reservation then.
+    agent_changes_enqueue(reservation_id=reservation_id, kind=kind)
 
 
 def reservation_deliver(*, reservation_id: str) -> bool:

@@ -34,6 +34,7 @@ CONFLICTS = {
     "offerings.update",
     "offerings.withdraw",
     "inventory.report",
+    "nodes.register",
 }
 RATE_LIMITED = {"reservations.create", "reservations.release", "reservations.renew"}
 
@@ -62,7 +63,7 @@ def test_the_document_is_valid_openapi(served: dict[str, Any]) -> None:
 
 def test_every_method_declares_every_answer_with_the_envelope(served: dict[str, Any]) -> None:
     methods = operations(served)
-    assert len(methods) == 31
+    assert len(methods) == 35
     for name, operation in methods.items():
         answers = operation["responses"]
         expected = {"400", "401", "403", "404", "default"}

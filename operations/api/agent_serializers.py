@@ -1,0 +1,89 @@
+"""The node agent's methods' bodies: `nodes/register`, `heartbeat`, `assignments`, `ack`."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from core.api.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+    pool_id_field,
+)
+from operations.api.serializers import LabelsField, NodeInput
+from reservations.models import DeliveryKind
+
+# The longest a long poll waits for a change before it answers with none.
+MAX_WAIT_MS = 30_000
+MAX_DELIVERY_ID = 2**63 - 1
+
+
+class RegisterInput(StrictSerializer):
+    poolId = pool_id_field()
+    hostname = StrictCharField(max_length=253)
+    labels = LabelsField(required=False, default=dict)
+
+
+class RegisterOutput(serializers.Serializer):
+    nodeId = serializers.CharField()
+    poolId = serializers.CharField()
+    hostname = serializers.CharField()
+    created = serializers.BooleanField(help_text="true the first time this hostname registered")
+
+
+class HeartbeatOutput(serializers.Serializer):
+    nodeId = serializers.CharField()
+    connected = serializers.BooleanField(
+        help_text="false: the node was disconnected; the agent sends a full report to reconnect it"
+    )
+
+
+class AssignmentsInput(NodeInput):
+    after = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_DELIVERY_ID,
+        required=False,
+        default=0,
+        help_text="the last deliveryId applied",
+    )
+    waitMs = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_WAIT_MS,
+        required=False,
+        default=0,
+        source="wait_ms",
+        help_text="how long to wait for a change when there is none yet",
+    )
+
+
+class ChangeOutput(serializers.Serializer):
+    deliveryId = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=DeliveryKind.values)
+    reservationId = serializers.CharField()
+    start = serializers.IntegerField(
+        help_text="ms since the epoch; with end == start, the holding is removed"
+    )
+    end = serializers.IntegerField()
+    atoms = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="assign: atom uids"
+    )
+    resources = serializers.DictField(child=serializers.IntegerField(), required=False)
+    profile = serializers.DictField(allow_null=True, required=False)
+
+
+class AssignmentsOutput(serializers.Serializer):
+    nodeId = serializers.CharField()
+    changes = ChangeOutput(many=True)
+
+
+class AckInput(NodeInput):
+    deliveryId = StrictIntegerField(min_value=1, max_value=MAX_DELIVERY_ID, source="delivery_id")
+    accepted = StrictBooleanField()
+    reason = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class AckOutput(serializers.Serializer):
+    deliveryId = serializers.IntegerField()
+    accepted = serializers.BooleanField(help_text="the answer recorded (the first one, if answered twice)")
+    reason = serializers.CharField()

@@ -1,0 +1,175 @@
+"""The agent transport: what a node with its own agent is told, and what it answered.
+
+A node registered by its agent (`Node.agent`) is not told through the stand-in
+daemon. Its news is written as `NodeChange` rows, one per node and message, in
+the delivery's transaction (`agent_changes_enqueue`). The agent pulls them in
+id order (`node_changes_after`, the `nodes/assignments` method), applies them
+to its own store, and answers each (`node_change_answer`, `nodes/ack`). A row
+stays unanswered until the agent answers it, across restarts of the agent and
+of the server. An agent that restarts asks again from the last id it applied,
+and answers again what it had answered.
+
+The node's refusal (guard 6) is its answer `accepted: false` to an "assign". The
+answer is recorded, and `assignment_refused` is sent in the same transaction,
+exactly as a refusal from the daemon is: the reservation is released, and its
+"shorten" reaches every node of it, the agent's included.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+
+from core.clock import to_millis
+from core.errors import NotFound
+from reservations.delivery.daemon import AllocationFailed
+from reservations.delivery.signals import assignment_refused
+from reservations.models import DeliveryKind, NodeChange, Reservation
+
+# The channel an agent's long poll waits on; the payload is the node's id.
+NODE_CHANGES_CHANNEL = "node_changes"
+# At most this many changes in one answer; the agent asks again from the last.
+CHANGES_PAGE = 100
+
+
+def agent_node_ids(*, reservation_id: str) -> list[str]:
+    """The reservation's nodes that have an agent, in id order."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT a.node_id FROM reservations_allocation a"
+            " JOIN inventory_node n ON n.id = a.node_id WHERE a.reservation_id = %s AND n.agent ORDER BY 1",
+            [reservation_id],
+        )
+        return [node_id for (node_id,) in cursor.fetchall()]
+
+
+def _windows(reservation_id: str, node_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Per node: the allocation's atoms, window, scalar claims and profile, as booked now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.node_id, a.resources, r.request -> 'node', d.uid, lower(b.during), upper(b.during)"
+            " FROM reservations_allocation a JOIN reservations_reservation r ON r.id = a.reservation_id"
+            " LEFT JOIN device_bookings b ON b.allocation_id = a.id"
+            " LEFT JOIN inventory_device d ON d.id = b.device_id"
+            " WHERE a.reservation_id = %s AND a.node_id = ANY(%s) ORDER BY a.node_id, d.uid",
+            [reservation_id, node_ids],
+        )
+        out: dict[str, dict[str, Any]] = {}
+        for node_id, resources, profile, uid, start, end in cursor.fetchall():
+            entry = out.setdefault(
+                node_id,
+                {"atoms": [], "start": None, "end": None, "resources": _json(resources) or {}},
+            )
+            entry["profile"] = _json(profile)
+            if uid is not None:
+                entry["atoms"].append(uid)
+                entry["start"] = start if entry["start"] is None else min(entry["start"], start)
+                entry["end"] = end if entry["end"] is None else max(entry["end"], end)
+    return out
+
+
+def _json(value: Any) -> Any:
+    # Django hands raw jsonb columns back as text.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _ms(value: datetime | None) -> int | None:
+    return None if value is None else to_millis(value)
+
+
+def agent_changes_enqueue(*, reservation_id: str, kind: str) -> int:
+    """Write one change per agent node of the reservation, as booked now; return how many.
+
+    Inside the delivery's transaction: the rows commit with the outbox row's
+    deletion, and the NOTIFY wakes the nodes' long polls at that commit.
+    """
+    node_ids = agent_node_ids(reservation_id=reservation_id)
+    if not node_ids:
+        return 0
+    windows = _windows(reservation_id, node_ids)
+    for node_id in node_ids:
+        window = windows.get(node_id, {"atoms": [], "start": None, "end": None})
+        start, end = _ms(window["start"]), _ms(window["end"])
+        payload: dict[str, Any] = {"kind": kind, "reservationId": reservation_id, "start": start, "end": end}
+        if kind == DeliveryKind.ASSIGN:
+            if not window["atoms"]:
+                continue  # nothing booked on the node any more: its shorten says so
+            payload |= {
+                "atoms": window["atoms"],
+                "resources": {name: int(amount) for name, amount in window["resources"].items()},
+                "profile": window.get("profile"),
+            }
+        elif start is None:
+            # No booking left on the node: the end is the start, which removes the holding.
+            payload |= {"start": 0, "end": 0}
+        NodeChange.objects.create(node_id=node_id, reservation_id=reservation_id, kind=kind, payload=payload)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [NODE_CHANGES_CHANNEL, node_id])
+    return len(node_ids)
+
+
+def node_changes_after(*, node_id: str, after: int, limit: int = CHANGES_PAGE) -> list[dict[str, Any]]:
+    """The node's changes with an id above `after`, in order, each with its `deliveryId`."""
+    rows = NodeChange.objects.filter(node_id=node_id, id__gt=after).order_by("id")[:limit]
+    return [{"deliveryId": row.id, **row.payload} for row in rows]
+
+
+@dataclass(frozen=True)
+class ChangeAnswer:
+    """A change as answered: whether the node took it, and why not."""
+
+    delivery_id: int
+    accepted: bool
+    reason: str
+
+
+def node_change_answer(*, node_id: str, delivery_id: int, accepted: bool, reason: str) -> ChangeAnswer:
+    """Record the node's answer to one change; a refused "assign" releases the reservation (guard 6).
+
+    The first answer stands: answering again (an agent that lost the server's
+    reply) changes nothing and is answered with what was recorded.
+    """
+    with transaction.atomic():
+        change = NodeChange.objects.select_for_update().filter(pk=delivery_id, node_id=node_id).first()
+        if change is None:
+            raise NotFound("no such change for this node")
+        if change.answered_at is not None:
+            return ChangeAnswer(delivery_id, bool(change.accepted), change.reason)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE reservations_nodechange SET answered_at = compute_now(), accepted = %s, reason = %s"
+                " WHERE id = %s",
+                [accepted, reason, delivery_id],
+            )
+        live = Reservation.objects.filter(pk=change.reservation_id, state__in=["scheduled", "active"])
+        if not accepted and change.kind == DeliveryKind.ASSIGN and live.exists():
+            refusal = AllocationFailed(
+                device_uid="", holder="", message=reason or "the node refused the assignment"
+            )
+            assignment_refused.send(sender=Reservation, reservation_id=change.reservation_id, refusal=refusal)
+    return ChangeAnswer(delivery_id, accepted, reason)
+
+
+# How often a waiting long poll looks again (`node_changes_wait`).
+POLL_SECONDS = 0.2
+
+
+def node_changes_wait(*, node_id: str, after: int, wait_ms: int) -> list[dict[str, Any]]:
+    """The node's changes after `after`; when there are none yet, wait up to `wait_ms` for one.
+
+    The wait looks again every `POLL_SECONDS` (one indexed read), holding the
+    request's thread: the simple transport, that works behind a transaction
+    pooler, where LISTEN does not.
+    """
+    deadline = time.monotonic() + wait_ms / 1000
+    while True:
+        changes = node_changes_after(node_id=node_id, after=after)
+        remaining = deadline - time.monotonic()
+        if changes or remaining <= 0:
+            return changes
+        time.sleep(min(POLL_SECONDS, remaining))

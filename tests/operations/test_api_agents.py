@@ -1,0 +1,198 @@
+"""The node agent's methods over HTTP: register, heartbeat, the assignment long poll and its answers.
+
+A node registered by its agent is told of its assignments through
+`nodes/assignments` (never through the stand-in daemon), and its answer to an
+"assign" is guard 6: a refusal releases the reservation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import close_old_connections, connection
+from rest_framework.test import APIClient
+
+from core.models import Tenant
+from core.services import token_issue
+from inventory.models import Node, Pool
+from reservations.models import NodeChange, Reservation
+from tests.support.api import assert_error, bearer_client, post_json
+from tests.support.factories import PoolFactory
+from tests.support.reports import gpu, report
+
+# The delivery runs after the create's commit: the tests commit.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def agent_for(pool: Pool) -> APIClient:
+    return bearer_client(token_issue(tenant_id=None, role="node-agent", scope_pool_id=pool.pk)[1])
+
+
+def registered(client: APIClient, pool: Pool, hostname: str = "gpu-x-001") -> str:
+    status, body = post_json(client, "nodes/register", {"poolId": pool.pk, "hostname": hostname})
+    assert status in (200, 201), body
+    node_id: str = body["nodeId"]
+    return node_id
+
+
+def reported(client: APIClient, node_id: str, hostname: str = "gpu-x-001", gpus: int = 2) -> None:
+    body = {"nodeId": node_id, "report": report(hostname, [gpu(i) for i in range(gpus)])}
+    status, answer = post_json(client, "inventory/report", body)
+    assert status == 200, answer
+
+
+def create(client: APIClient, pool: Pool, key: str, count: int = 1) -> dict[str, Any]:
+    body = {
+        "tenantId": pool.owner_id,
+        "poolId": pool.pk,
+        "devices": [{"class": "gpu", "count": count}],
+        "duration": 3600,
+        "idempotencyKey": key,
+    }
+    status, answer = post_json(client, "reservations/create", body)
+    assert status == 201, answer
+    return answer
+
+
+def changes(client: APIClient, node_id: str, after: int = 0, wait_ms: int = 0) -> list[dict[str, Any]]:
+    status, body = post_json(
+        client, "nodes/assignments", {"nodeId": node_id, "after": after, "waitMs": wait_ms}
+    )
+    assert status == 200, body
+    found: list[dict[str, Any]] = body["changes"]
+    return found
+
+
+@pytest.fixture
+def pool(owner_tenant: Tenant) -> Pool:
+    return PoolFactory(owner=owner_tenant)
+
+
+def test_a_host_registers_once_and_joins_when_it_first_reports(pool: Pool) -> None:
+    client = agent_for(pool)
+    status, first = post_json(client, "nodes/register", {"poolId": pool.pk, "hostname": "gpu-x-001"})
+    assert status == 201 and first["created"] is True
+    status, again = post_json(client, "nodes/register", {"poolId": pool.pk, "hostname": "gpu-x-001"})
+    assert status == 200 and again == {**first, "created": False}
+    node = Node.objects.get(pk=first["nodeId"])
+    assert node.agent and node.provision_state == "discovered"
+    reported(client, node.pk)
+    node.refresh_from_db()
+    assert node.provision_state == "deployed" and node.connectivity == "connected"
+
+
+def test_registering_is_decided_on_the_pool_and_a_hostname_belongs_to_one_pool(
+    pool: Pool, owner_tenant: Tenant
+) -> None:
+    other = PoolFactory(owner=owner_tenant)
+    client = agent_for(pool)
+    status, body = post_json(client, "nodes/register", {"poolId": other.pk, "hostname": "gpu-x-001"})
+    assert_error(status, body, "PERMISSION_DENIED", 403)
+    registered(client, pool)
+    status, body = post_json(
+        agent_for(other), "nodes/register", {"poolId": other.pk, "hostname": "gpu-x-001"}
+    )
+    assert_error(status, body, "CONFLICT", 409)
+
+
+def test_a_heartbeat_is_proof_of_life_until_the_node_is_disconnected(pool: Pool) -> None:
+    client = agent_for(pool)
+    node_id = registered(client, pool)
+    reported(client, node_id)
+    Node.objects.filter(pk=node_id).update(last_heartbeat_at=None)
+    status, body = post_json(client, "nodes/heartbeat", {"nodeId": node_id})
+    assert (status, body) == (200, {"nodeId": node_id, "connected": True})
+    assert Node.objects.get(pk=node_id).last_heartbeat_at is not None
+    Node.objects.filter(pk=node_id).update(connectivity="disconnected")
+    status, body = post_json(client, "nodes/heartbeat", {"nodeId": node_id})
+    assert body["connected"] is False
+
+
+def test_an_agents_node_hears_of_its_assignments_through_the_long_poll(
+    pool: Pool, owner_client: APIClient
+) -> None:
+    client = agent_for(pool)
+    node_id = registered(client, pool)
+    reported(client, node_id)
+    made = create(owner_client, pool, "agent-1", count=2)
+    (assign,) = changes(client, node_id)
+    assert assign["kind"] == "assign" and assign["reservationId"] == made["id"]
+    assert sorted(assign["atoms"]) == sorted(made["allocations"][0]["atoms"])
+    assert assign["start"] == made["start"] and assign["end"] == made["end"]
+    with connection.cursor() as cursor:  # the stand-in daemon was never told
+        cursor.execute("SELECT count(*) FROM fake_daemon_assignments WHERE node_id = %s", [node_id])
+        assert cursor.fetchone() == (0,)
+    status, answer = post_json(
+        client, "nodes/ack", {"nodeId": node_id, "deliveryId": assign["deliveryId"], "accepted": True}
+    )
+    assert (status, answer["accepted"]) == (200, True)
+    status, _ = post_json(
+        owner_client, "reservations/release", {"tenantId": pool.owner_id, "reservationId": made["id"]}
+    )
+    (shorten,) = changes(client, node_id, after=assign["deliveryId"])
+    assert shorten["kind"] == "shorten" and shorten["end"] <= made["end"]
+
+
+def test_a_refused_assignment_releases_the_reservation(pool: Pool, owner_client: APIClient) -> None:
+    client = agent_for(pool)
+    node_id = registered(client, pool)
+    reported(client, node_id)
+    made = create(owner_client, pool, "agent-2")
+    (assign,) = changes(client, node_id)
+    refusal = {
+        "nodeId": node_id,
+        "deliveryId": assign["deliveryId"],
+        "accepted": False,
+        "reason": "atom held",
+    }
+    status, answer = post_json(client, "nodes/ack", refusal)
+    assert (status, answer["accepted"], answer["reason"]) == (200, False, "atom held")
+    assert Reservation.objects.get(pk=made["id"]).state == "released"
+    # The first answer stands.
+    status, again = post_json(client, "nodes/ack", {**refusal, "accepted": True, "reason": ""})
+    assert again["accepted"] is False
+    assert NodeChange.objects.get(pk=assign["deliveryId"]).accepted is False
+
+
+def test_another_nodes_change_is_not_found(pool: Pool, owner_client: APIClient) -> None:
+    client = agent_for(pool)
+    node_id = registered(client, pool)
+    other = registered(client, pool, "gpu-x-002")
+    reported(client, node_id)
+    create(owner_client, pool, "agent-3")
+    (assign,) = changes(client, node_id)
+    status, body = post_json(
+        client, "nodes/ack", {"nodeId": other, "deliveryId": assign["deliveryId"], "accepted": True}
+    )
+    assert_error(status, body, "NOT_FOUND", 404)
+
+
+def test_a_waiting_long_poll_answers_when_a_change_commits(owner_tenant: Tenant) -> None:
+    pool = PoolFactory(owner=owner_tenant)
+    client = agent_for(pool)
+    owner = bearer_client(token_issue(tenant_id=owner_tenant.pk, role="member")[1])
+    node_id = registered(client, pool)
+    reported(client, node_id)
+    created: list[dict[str, Any]] = []
+
+    def create_soon() -> None:
+        time.sleep(0.5)
+        try:
+            created.append(create(owner, pool, "agent-4"))
+        finally:
+            close_old_connections()
+
+    thread = threading.Thread(target=create_soon)
+    started = time.monotonic()
+    thread.start()
+    found = changes(client, node_id, wait_ms=10_000)
+    waited = time.monotonic() - started
+    thread.join()
+    assert [change["reservationId"] for change in found] == [created[0]["id"]]
+    assert 0.4 < waited < 9
+    started = time.monotonic()
+    assert changes(client, node_id, after=found[0]["deliveryId"], wait_ms=300) == []
+    assert time.monotonic() - started >= 0.3
