@@ -60,6 +60,9 @@ class GpuReport:
     nvlink_domain: str | None = None
     mig_enabled: bool = False
     mig_instances: tuple[MigInstance, ...] = ()
+    # What the node's agent saw wrong with the GPU (NVML cannot query it, retired pages,
+    # a row-remap failure, a critical XID); None when it reported none.
+    unhealthy_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,7 @@ def _parse_gpu(errors: _Errors, path: str, raw: Any) -> GpuReport | None:
         path,
         raw,
         {"uuid", "product", "memoryMiB"},
-        {"model", "numaNode", "pciBusId", "nvlinkDomain", "mig"},
+        {"model", "numaNode", "pciBusId", "nvlinkDomain", "mig", "health"},
     )
     if obj is None:
         return None
@@ -270,6 +273,7 @@ def _parse_gpu(errors: _Errors, path: str, raw: Any) -> GpuReport | None:
                 instances.append(MigInstance(gi=gi, ci=ci, profile=profile, memory_mib=imem))
             if instances and not mig_enabled:
                 errors.add(f"{path}.mig.instances", "must be empty when MIG is not enabled")
+    unhealthy = _parse_health(errors, f"{path}.health", obj["health"]) if "health" in obj else None
     if uuid is None or product is None or memory is None:
         return None
     return GpuReport(
@@ -282,7 +286,22 @@ def _parse_gpu(errors: _Errors, path: str, raw: Any) -> GpuReport | None:
         nvlink_domain=nvl,
         mig_enabled=mig_enabled,
         mig_instances=tuple(sorted(instances, key=lambda m: (m.gi, m.ci))),
+        unhealthy_reason=unhealthy,
     )
+
+
+def _parse_health(errors: _Errors, path: str, raw: Any) -> str | None:
+    """`{"healthy": false, "reason": "..."}`: the reason (or a default one); None when healthy."""
+    health = _obj(errors, path, raw, {"healthy"}, {"reason"})
+    if health is None or "healthy" not in health:
+        return None
+    if not isinstance(health["healthy"], bool):
+        errors.add(f"{path}.healthy", "must be a boolean")
+        return None
+    reason = _str(errors, f"{path}.reason", health["reason"]) if "reason" in health else None
+    if health["healthy"]:
+        return None
+    return reason or "reported unhealthy by the node"
 
 
 def _parse_nic(errors: _Errors, path: str, raw: Any) -> NicReport | None:
@@ -442,6 +461,7 @@ def report_schema() -> dict[str, Any]:
             "pciBusId": _string(PCI_RE),
             "nvlinkDomain": _string(IDENT_RE),
             "mig": _object({"enabled": {"type": "boolean"}}, {"instances": _array(mig_instance, 64)}),
+            "health": _object({"healthy": {"type": "boolean"}}, {"reason": _string()}),
         },
     )
     nic = _object(

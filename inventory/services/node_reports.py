@@ -24,6 +24,7 @@ from core.services import audit_record
 from inventory.choices import SLOT_SHARING, Connectivity
 from inventory.models import DeviceClass, Node, Pool
 from inventory.reports import SCALARS, GpuReport, NodeReport
+from inventory.services.device_health import devices_mark_unhealthy, reported_unhealthy
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +237,11 @@ def inventory_apply_reports(
         layout_changes = _layout_changes_record(
             changed_gpus=changed_gpus, old_atoms=old_atoms, ids_by_uid=ids_by_uid, wants=wants, actor=actor
         )
+        parents: dict[str, list[str]] = {}
+        for want in wants:
+            if want.parent_uid is not None:
+                parents.setdefault(want.parent_uid, []).append(want.uid)
+        devices_mark_unhealthy(reasons=reported_unhealthy((r for _, r in items), parents), actor=actor)
         _upsert_resources(items=items, ratios=ratios or {})
         if connect:
             _nodes_connect(ids=ids, locked=locked, actor=actor)
