@@ -70,6 +70,9 @@ class ChangeOutput(serializers.Serializer):
     )
     resources = serializers.DictField(child=serializers.IntegerField(), required=False)
     profile = serializers.DictField(allow_null=True, required=False)
+    ratios = serializers.DictField(
+        child=serializers.FloatField(), required=False, help_text="assign: the overcommit ratio per scalar"
+    )
 
 
 class AssignmentsOutput(serializers.Serializer):

@@ -73,6 +73,12 @@ def _windows(reservation_id: str, node_ids: list[str]) -> dict[str, dict[str, An
     return out
 
 
+def _ratios(node_id: str) -> dict[str, float]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT resource, ratio FROM inventory_noderesource WHERE node_id = %s", [node_id])
+        return {name: float(ratio) for name, ratio in cursor.fetchall()}
+
+
 def _json(value: Any) -> Any:
     # Django hands raw jsonb columns back as text.
     return json.loads(value) if isinstance(value, str) else value
@@ -86,31 +92,78 @@ def agent_changes_enqueue(*, reservation_id: str, kind: str) -> int:
     """Write one change per agent node of the reservation, as booked now; return how many.
 
     Inside the delivery's transaction: the rows commit with the outbox row's
-    deletion, and the NOTIFY wakes the nodes' long polls at that commit.
+    deletion, and the NOTIFY wakes the nodes' long polls at that commit. Per
+    node, the writers take turns (a transaction-scoped lock), so the ids of
+    one node's changes commit in increasing order and an agent that asks for
+    what follows its last id never misses one that committed late.
     """
     node_ids = agent_node_ids(reservation_id=reservation_id)
     if not node_ids:
         return 0
+    with connection.cursor() as cursor:
+        for node_id in node_ids:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('agent-changes:' || %s, 0))", [node_id]
+            )
     windows = _windows(reservation_id, node_ids)
     for node_id in node_ids:
-        window = windows.get(node_id, {"atoms": [], "start": None, "end": None})
-        start, end = _ms(window["start"]), _ms(window["end"])
-        payload: dict[str, Any] = {"kind": kind, "reservationId": reservation_id, "start": start, "end": end}
-        if kind == DeliveryKind.ASSIGN:
-            if not window["atoms"]:
-                continue  # nothing booked on the node any more: its shorten says so
-            payload |= {
-                "atoms": window["atoms"],
-                "resources": {name: int(amount) for name, amount in window["resources"].items()},
-                "profile": window.get("profile"),
-            }
-        elif start is None:
-            # No booking left on the node: the end is the start, which removes the holding.
-            payload |= {"start": 0, "end": 0}
-        NodeChange.objects.create(node_id=node_id, reservation_id=reservation_id, kind=kind, payload=payload)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [NODE_CHANGES_CHANNEL, node_id])
+        window = windows.get(node_id, {"atoms": []})
+        if kind == DeliveryKind.ASSIGN and window["atoms"]:
+            # As the daemon refreshes holders before it refuses: a reservation the node may still
+            # hold on these atoms, whose bookings were cut since, hears of the cut first.
+            for holder in _cut_holders(node_id, reservation_id, window["atoms"]):
+                _write(node_id, holder, DeliveryKind.SHORTEN, _windows(holder, [node_id]).get(node_id))
+        _write(node_id, reservation_id, kind, window)
     return len(node_ids)
+
+
+def _write(node_id: str, reservation_id: str, kind: str, window: dict[str, Any] | None) -> None:
+    window = window or {"atoms": [], "start": None, "end": None}
+    start, end = _ms(window.get("start")), _ms(window.get("end"))
+    payload: dict[str, Any] = {"kind": kind, "reservationId": reservation_id, "start": start, "end": end}
+    if kind == DeliveryKind.ASSIGN:
+        if not window["atoms"]:
+            return  # nothing booked on the node any more: its shorten says so
+        payload |= {
+            "atoms": window["atoms"],
+            "resources": {name: int(amount) for name, amount in window["resources"].items()},
+            "profile": window.get("profile"),
+            # The overcommit the control plane books scalars under: the node checks its claims
+            # against what it reported times these (guard 6), as the stand-in daemon does.
+            "ratios": _ratios(node_id),
+        }
+    elif start is None:
+        # No booking left on the node: the end is the start, which removes the holding.
+        payload |= {"start": 0, "end": 0}
+    NodeChange.objects.create(node_id=node_id, reservation_id=reservation_id, kind=kind, payload=payload)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [NODE_CHANGES_CHANNEL, node_id])
+
+
+def _cut_holders(node_id: str, reservation_id: str, atoms: list[str]) -> list[str]:
+    """Other reservations told of any of `atoms` on the node whose last told end is past their booked end."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT DISTINCT ON (c.reservation_id) c.reservation_id, (c.payload ->> 'end')::bigint
+              FROM reservations_nodechange c
+             WHERE c.node_id = %(node)s AND c.reservation_id <> %(reservation)s
+               AND c.reservation_id IN (
+                   SELECT reservation_id FROM reservations_nodechange
+                    WHERE node_id = %(node)s AND kind = 'assign' AND payload -> 'atoms' ?| %(atoms)s::text[])
+             ORDER BY c.reservation_id, c.id DESC
+            """,
+            {"node": node_id, "reservation": reservation_id, "atoms": atoms},
+        )
+        told = cursor.fetchall()
+    cut = []
+    for holder, told_end in told:
+        booked = _windows(holder, [node_id]).get(node_id)
+        booked_end = _ms(booked.get("end")) if booked else None
+        # A told end of 0 is a removal already told.
+        if told_end and (booked_end is None or booked_end < told_end):
+            cut.append(holder)
+    return cut
 
 
 def node_changes_after(*, node_id: str, after: int, limit: int = CHANGES_PAGE) -> list[dict[str, Any]]:

@@ -157,6 +157,21 @@ def test_a_refused_assignment_releases_the_reservation(pool: Pool, owner_client:
     assert NodeChange.objects.get(pk=assign["deliveryId"]).accepted is False
 
 
+def test_a_holder_cut_since_it_was_told_hears_of_it_before_the_next_assign(
+    pool: Pool, owner_client: APIClient
+) -> None:
+    """The release's own shorten not written yet (its delivery is late): the next assign writes it first."""
+    client = agent_for(pool)
+    node_id = registered(client, pool)
+    reported(client, node_id, gpus=1)
+    first = create(owner_client, pool, "agent-5")
+    post_json(owner_client, "reservations/release", {"tenantId": pool.owner_id, "reservationId": first["id"]})
+    NodeChange.objects.filter(reservation_id=first["id"], kind="shorten").delete()
+    second = create(owner_client, pool, "agent-6")
+    told = [(c["kind"], c["reservationId"]) for c in changes(client, node_id)]
+    assert told == [("assign", first["id"]), ("shorten", first["id"]), ("assign", second["id"])]
+
+
 def test_another_nodes_change_is_not_found(pool: Pool, owner_client: APIClient) -> None:
     client = agent_for(pool)
     node_id = registered(client, pool)

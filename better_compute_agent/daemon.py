@@ -1,0 +1,226 @@
+"""The agent's loop: register once, report, stay alive, and hold the node's assignments.
+
+* **Register** the host in its pool once (`nodes/register`); the node id is kept
+  in the state directory (`node.json`), and asked again only when the host or
+  the pool changes.
+* **Report** at start, whenever what the host reads changes (a rescan every
+  `RESCAN_SECONDS`), and when a heartbeat says the service saw the node
+  disconnected.
+* **Heartbeat** every `heartbeat_seconds` (30 by default, well inside the
+  service's 120 s stale limit): one small call.
+* **Assignments**: a long poll (`nodes/assignments`) for the changes after the
+  last one applied. Each is applied to the store (`better_compute_agent.store`),
+  which refuses an overlap or an overcommit itself (guard 6, `guard`), and is
+  answered (`nodes/ack`). Answers are kept until the service confirmed them, so
+  one lost in a restart is sent again.
+* **CDI**: after every change, and at every start or end of a holding, the
+  spec (`cdi`) is written so that it names exactly the live reservations.
+
+The loop never sleeps past the next of those instants, so a booking that starts
+is in the CDI spec within the long poll's wake-up, not a period later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from better_compute_agent.cdi import cdi_spec, cdi_write
+from better_compute_agent.client import AgentClient, ApiError, Unreachable
+from better_compute_agent.config import AgentSettings
+from better_compute_agent.discovery.report import GpuDevice, gpu_devices, report_from_snapshot
+from better_compute_agent.discovery.source import HostSource
+from better_compute_agent.store import Store
+
+logger = logging.getLogger("better_compute_agent")
+
+RESCAN_SECONDS = 60.0
+# A long poll asks the service to wait at most this long (the service's bound is 30 s).
+LONGEST_POLL_SECONDS = 25.0
+# After a failed call, wait this long, doubling, up to the cap.
+RETRY_SECONDS, RETRY_CAP_SECONDS = 1.0, 30.0
+# Holdings that ended this long ago are dropped from the store.
+KEEP_ENDED_MS = 24 * 3600 * 1000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Agent:
+    """One host's agent: its source of facts, its store, and (when it talks) its client."""
+
+    def __init__(
+        self, settings: AgentSettings, source: HostSource, client: AgentClient | None = None
+    ) -> None:
+        self.settings, self.source, self.client = settings, source, client
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(settings.state_dir / "store.sqlite3")
+        self.report: dict[str, Any] = {}
+        self.devices: dict[str, GpuDevice] = {}
+        self.node_id = ""
+
+    # --- the host ---------------------------------------------------------------------------
+
+    def read_host(self) -> bool:
+        """Read the host again; True when the report differs from the last one."""
+        snapshot = self.source.read()
+        report = report_from_snapshot(snapshot)
+        self.devices = gpu_devices(snapshot)
+        changed = report != self.report
+        self.report = report
+        return changed
+
+    def capacity(self, change: dict[str, Any]) -> dict[str, int]:
+        """What the node has of each scalar, as it reported it, times the service's overcommit ratio."""
+        ratios = change.get("ratios") or {}
+        reported = self.report.get("resources", {})
+        return {
+            name: math.floor(int(amount) * float(ratios.get(name, 1.0))) for name, amount in reported.items()
+        }
+
+    # --- the service ------------------------------------------------------------------------
+
+    def _client(self) -> AgentClient:
+        if self.client is None:
+            raise RuntimeError("this command does not talk to the service")
+        return self.client
+
+    def register(self) -> str:
+        """The node id, from the state directory or from `nodes/register`."""
+        pool = self.settings.require("pool")
+        hostname = str(self.report["hostname"])
+        path = self.settings.state_dir / "node.json"
+        try:
+            kept = json.loads(path.read_text())
+        except (OSError, ValueError):
+            kept = {}
+        if (
+            kept.get("hostname") == hostname
+            and kept.get("poolId") == pool
+            and kept.get("url") == self.settings.url
+        ):
+            self.node_id = str(kept["nodeId"])
+            return self.node_id
+        self.node_id = self._client().register(pool_id=pool, hostname=hostname, labels=self.settings.labels)
+        record = {"nodeId": self.node_id, "hostname": hostname, "poolId": pool, "url": self.settings.url}
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(record))
+        temporary.replace(path)
+        logger.info("registered %s in %s as %s", hostname, pool, self.node_id)
+        return self.node_id
+
+    def send_report(self) -> None:
+        self._client().report(node_id=self.node_id, report=self.report)
+        logger.info("reported %d GPUs", len(self.report.get("gpus", [])))
+
+    def send_answers(self) -> None:
+        """Answers the service has not confirmed yet (a restart lost them), oldest first."""
+        for answer in self.store.unacked():
+            self._client().ack(
+                node_id=self.node_id,
+                delivery_id=answer.delivery_id,
+                accepted=answer.accepted,
+                reason=answer.reason,
+            )
+            self.store.mark_acked(answer.delivery_id)
+
+    def sync(self, *, wait_ms: int) -> int:
+        """Pull, apply and answer the node's changes (waiting up to `wait_ms` for one); how many."""
+        self.send_answers()
+        changes = self._client().assignments(
+            node_id=self.node_id, after=self.store.last_delivery_id(), wait_ms=wait_ms
+        )
+        for change in changes:
+            answer = self.store.apply(change, capacity=self.capacity(change))
+            if not answer.accepted:
+                logger.warning("refused %s: %s", change.get("reservationId"), answer.reason)
+            self._client().ack(
+                node_id=self.node_id,
+                delivery_id=answer.delivery_id,
+                accepted=answer.accepted,
+                reason=answer.reason,
+            )
+            self.store.mark_acked(answer.delivery_id)
+        if changes:
+            self.write_cdi()
+        return len(changes)
+
+    # --- the workloads ----------------------------------------------------------------------
+
+    def write_cdi(self) -> bool:
+        """The CDI spec of the holdings live now; True when the file changed."""
+        spec = cdi_spec(self.store.holdings(at_ms=now_ms()), self.devices)
+        return cdi_write(spec, self.settings.cdi_dir)
+
+    def next_boundary_ms(self) -> int | None:
+        """The next instant a holding starts or ends (the CDI spec changes then)."""
+        now = now_ms()
+        instants = [t for h in self.store.holdings() for t in (h.start_ms, h.end_ms) if t > now]
+        return min(instants, default=None)
+
+    # --- the commands -----------------------------------------------------------------------
+
+    def once(self) -> int:
+        """Register, report, take the waiting changes, write the CDI spec; how many changes."""
+        self.read_host()
+        self.register()
+        self.send_report()
+        taken = self.sync(wait_ms=0)
+        self.write_cdi()
+        return taken
+
+    def run(self, stop: threading.Event, *, sleep: Callable[[float], bool] | None = None) -> None:
+        """Until `stop` is set (SIGTERM, Ctrl-C): the loop of the module docstring."""
+        wait = sleep or stop.wait
+        retry = RETRY_SECONDS
+        started = False
+        next_heartbeat = next_rescan = 0.0
+        while not stop.is_set():
+            try:
+                if not started:
+                    self.read_host()
+                    self.register()
+                    self.send_report()
+                    self.write_cdi()
+                    started = True
+                    next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
+                    next_rescan = time.monotonic() + RESCAN_SECONDS
+                self.sync(wait_ms=self._poll_ms(next_heartbeat, next_rescan))
+                self.write_cdi()
+                if time.monotonic() >= next_heartbeat:
+                    if not self._client().heartbeat(node_id=self.node_id):
+                        self.send_report()
+                    next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
+                if time.monotonic() >= next_rescan:
+                    if self.read_host():
+                        self.send_report()
+                    self.store.prune(before_ms=now_ms() - KEEP_ENDED_MS)
+                    next_rescan = time.monotonic() + RESCAN_SECONDS
+                retry = RETRY_SECONDS
+            except (Unreachable, ApiError) as exc:
+                logger.warning("%s; retrying in %.0f s", exc, retry)
+                wait(retry)
+                retry = min(retry * 2, RETRY_CAP_SECONDS)
+
+    def _poll_ms(self, next_heartbeat: float, next_rescan: float) -> int:
+        """How long the long poll may wait: until the next heartbeat, rescan or holding boundary."""
+        until = min(next_heartbeat, next_rescan) - time.monotonic()
+        boundary = self.next_boundary_ms()
+        if boundary is not None:
+            until = min(until, (boundary - now_ms()) / 1000)
+        return max(0, int(min(until, LONGEST_POLL_SECONDS) * 1000))
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def state_store(state_dir: Path) -> Store:
+    """The store alone, for the commands that only read it (`assignments`, `env`)."""
+    return Store(state_dir / "store.sqlite3")
