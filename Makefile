@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
+AGENTS_PORT ?= 8001
 DEMO_FLEET := fleets/demo.json
 
 .PHONY: run test lint fmt bench soak db-stop clean venv architecture openapi cluster cluster-stop soak-cluster bench-cluster
@@ -32,7 +33,8 @@ run: $(STAMP) .env
 	$(BIN)/python manage.py worker --once > /dev/null
 	$(BIN)/python manage.py ensure_admin --url http://$(HOST):$(PORT)/admin/
 	# The Procfile's processes, as production runs them: the web server and the worker; Ctrl-C stops both.
-	PATH="$(CURDIR)/$(BIN):$$PATH" HOST=$(HOST) PORT=$(PORT) $(BIN)/honcho start
+	PATH="$(CURDIR)/$(BIN):$$PATH" HOST=$(HOST) PORT=$(PORT) AGENTS_PORT=$(AGENTS_PORT) \
+		AGENT_ASSIGNMENTS_URL=http://$(HOST):$(AGENTS_PORT) $(BIN)/honcho start
 
 test: $(STAMP)
 	$(BIN)/pytest

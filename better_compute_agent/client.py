@@ -66,9 +66,10 @@ class AgentClient:
             )
         return answer
 
-    def register(self, *, pool_id: str, hostname: str, labels: dict[str, str]) -> str:
+    def register(self, *, pool_id: str, hostname: str, labels: dict[str, str]) -> tuple[str, str]:
+        """The node id, and where to long-poll its assignments (empty: this same URL)."""
         answer = self.call("nodes/register", {"poolId": pool_id, "hostname": hostname, "labels": labels})
-        return str(answer["nodeId"])
+        return str(answer["nodeId"]), str(answer.get("assignmentsUrl") or "")
 
     def report(self, *, node_id: str, report: dict[str, Any]) -> Any:
         return self.call("inventory/report", {"nodeId": node_id, "report": report})

@@ -65,6 +65,8 @@ class Agent:
         self.report: dict[str, Any] = {}
         self.devices: dict[str, GpuDevice] = {}
         self.node_id = ""
+        # The client of the long poll: the service's `agents` process when it names one.
+        self.poller: AgentClient | None = client
 
     # --- the host ---------------------------------------------------------------------------
 
@@ -107,14 +109,28 @@ class Agent:
             and kept.get("url") == self.settings.url
         ):
             self.node_id = str(kept["nodeId"])
+            self._poll_at(str(kept.get("assignmentsUrl") or ""))
             return self.node_id
-        self.node_id = self._client().register(pool_id=pool, hostname=hostname, labels=self.settings.labels)
-        record = {"nodeId": self.node_id, "hostname": hostname, "poolId": pool, "url": self.settings.url}
+        self.node_id, poll_url = self._client().register(
+            pool_id=pool, hostname=hostname, labels=self.settings.labels
+        )
+        self._poll_at(poll_url)
+        record = {
+            "nodeId": self.node_id,
+            "hostname": hostname,
+            "poolId": pool,
+            "url": self.settings.url,
+            "assignmentsUrl": poll_url,
+        }
         temporary = path.with_suffix(".tmp")
         temporary.write_text(json.dumps(record))
         temporary.replace(path)
         logger.info("registered %s in %s as %s", hostname, pool, self.node_id)
         return self.node_id
+
+    def _poll_at(self, url: str) -> None:
+        client = self._client()
+        self.poller = AgentClient(url, client.token) if url and url != client.url else client
 
     def send_report(self) -> None:
         self._client().report(node_id=self.node_id, report=self.report)
@@ -134,7 +150,7 @@ class Agent:
     def sync(self, *, wait_ms: int) -> int:
         """Pull, apply and answer the node's changes (waiting up to `wait_ms` for one); how many."""
         self.send_answers()
-        changes = self._client().assignments(
+        changes = (self.poller or self._client()).assignments(
             node_id=self.node_id, after=self.store.last_delivery_id(), wait_ms=wait_ms
         )
         for change in changes:

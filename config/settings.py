@@ -70,6 +70,16 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "config.urls"
 
+# The Procfile's `agents` process: an ASGI server that answers only the agents' long poll
+# (`config.agents_urls`) with async views, so it runs only middleware that is async too.
+AGENTS_PROCESS = env.bool("AGENTS_PROCESS", default=False)
+if AGENTS_PROCESS:
+    ROOT_URLCONF = "config.agents_urls"
+    MIDDLEWARE = ["django.middleware.security.SecurityMiddleware"]
+# Where agents long-poll `nodes/assignments` (the `agents` process), told them by `nodes/register`;
+# empty: the web process's own URL (its threaded method, fine for a few dozen agents).
+AGENT_ASSIGNMENTS_URL = env.str("AGENT_ASSIGNMENTS_URL", default="")
+
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",

@@ -30,6 +30,9 @@ class RegisterOutput(serializers.Serializer):
     poolId = serializers.CharField()
     hostname = serializers.CharField()
     created = serializers.BooleanField(help_text="true the first time this hostname registered")
+    assignmentsUrl = serializers.CharField(
+        help_text="the base URL to long-poll nodes/assignments at; empty: this service's own"
+    )
 
 
 class HeartbeatOutput(serializers.Serializer):

@@ -8,6 +8,7 @@ assignment changes, answering each. Each is decided on the node (or, for
 
 from __future__ import annotations
 
+from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -57,7 +58,13 @@ class NodeAgentViewSet(RpcViewSet):
         node, created = node_agent_register(
             pool=pool, hostname=data["hostname"], labels=data["labels"], actor=actor_of(request)
         )
-        answer = {"nodeId": node.pk, "poolId": pool.pk, "hostname": node.hostname, "created": created}
+        answer = {
+            "nodeId": node.pk,
+            "poolId": pool.pk,
+            "hostname": node.hostname,
+            "created": created,
+            "assignmentsUrl": settings.AGENT_ASSIGNMENTS_URL,
+        }
         return rpc_output(RegisterOutput, answer, status=201 if created else 200)
 
     @rpc_action(

@@ -1,4 +1,4 @@
-"""The Procfile is what production runs, and `make run` runs it: it must name a web and a worker.
+"""The Procfile is what production runs, and `make run` runs it: a web server, a worker, the agents' poll.
 
 (`tests/worker/test_worker_e2e.py` starts it with honcho, as `make run` does, and stops it with Ctrl-C.)
 """
@@ -27,7 +27,8 @@ def procfile() -> dict[str, str]:
 
 def test_the_procfile_declares_the_web_server_and_the_worker_and_honcho_accepts_it() -> None:
     processes = procfile()
-    assert set(processes) == {"web", "worker"}
+    assert set(processes) == {"web", "worker", "agents"}
+    assert "AGENTS_PROCESS=1 uvicorn config.asgi:application" in processes["agents"]
     assert "gunicorn config.wsgi" in processes["web"] and "$" in processes["web"]  # bound to $PORT
     assert processes["worker"] == "python manage.py worker"
     honcho = shutil.which("honcho", path=str(Path(sys.executable).parent)) or "honcho"

@@ -77,6 +77,7 @@ def test_a_host_registers_once_and_joins_when_it_first_reports(pool: Pool) -> No
     assert status == 201 and first["created"] is True
     status, again = post_json(client, "nodes/register", {"poolId": pool.pk, "hostname": "gpu-x-001"})
     assert status == 200 and again == {**first, "created": False}
+    assert first["assignmentsUrl"] == ""  # no agents process configured: this service's own URL
     node = Node.objects.get(pk=first["nodeId"])
     assert node.agent and node.provision_state == "discovered"
     reported(client, node.pk)
