@@ -147,7 +147,14 @@ def procfile_running(tmp_path: Path) -> Iterator[Running]:
     empty_env.write_text("")
     log = tmp_path / "honcho.log"
     honcho = str(Path(sys.executable).with_name("honcho"))
-    env = _process_env(tmp_path, HOST="127.0.0.1", PORT=str(port), WEB_CONCURRENCY="1", WEB_THREADS="8")
+    env = _process_env(
+        tmp_path,
+        HOST="127.0.0.1",
+        PORT=str(port),
+        AGENTS_PORT=str(_free_port()),
+        WEB_CONCURRENCY="1",
+        WEB_THREADS="8",
+    )
     process = subprocess.Popen(
         [honcho, "start", "--no-colour", "-e", str(empty_env)],
         cwd=ROOT,
