@@ -98,6 +98,10 @@ def agent_changes_enqueue(*, reservation_id: str, kind: str) -> int:
     what follows its last id never misses one that committed late.
     """
     node_ids = agent_node_ids(reservation_id=reservation_id)
+    if kind == DeliveryKind.SHORTEN:
+        # A node the reservation left (BookingRepair moved it) has no allocation any more, but
+        # was told of it: it hears that nothing is left there.
+        node_ids = sorted(set(node_ids) | set(_told_node_ids(reservation_id)))
     if not node_ids:
         return 0
     with connection.cursor() as cursor:
@@ -115,6 +119,19 @@ def agent_changes_enqueue(*, reservation_id: str, kind: str) -> int:
                 _write(node_id, holder, DeliveryKind.SHORTEN, _windows(holder, [node_id]).get(node_id))
         _write(node_id, reservation_id, kind, window)
     return len(node_ids)
+
+
+def _told_node_ids(reservation_id: str) -> list[str]:
+    """The nodes whose last word on the reservation was not "nothing is left" (an end of 0)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT node_id FROM (SELECT DISTINCT ON (node_id) node_id,"
+            " (payload ->> 'end')::bigint AS told_end FROM reservations_nodechange"
+            " WHERE reservation_id = %s ORDER BY node_id, id DESC) last"
+            " WHERE told_end IS DISTINCT FROM 0",
+            [reservation_id],
+        )
+        return [node_id for (node_id,) in cursor.fetchall()]
 
 
 def _write(node_id: str, reservation_id: str, kind: str, window: dict[str, Any] | None) -> None:
