@@ -147,3 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ApiError, Unreachable) as exc:
         print(f"better-compute-agent: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # `show | head`: the reader left. Python's advice: point stdout at /dev/null so the
+        # interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

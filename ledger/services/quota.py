@@ -125,7 +125,7 @@ def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int], windo
             [
                 {
                     "field": "quota",
-                    "message": f"{resource}: {used} {how} of {limit}, {amount} asked",
+                    "message": f"{resource}: {used} {how}, a limit of {limit}, {amount} asked",
                     "resource": resource,
                     "used": used,
                     "max": limit,

@@ -165,7 +165,16 @@ def test_guard5_a_concurrent_charge_that_waited_for_the_row_lock_sees_the_first_
         "quota_usage",
     )
     assert isinstance(result, QuotaExceeded), result
-    assert result.details == [{"field": "quota", "resource": "gpu", "used": 1, "max": 1, "asked": 1}]
+    assert result.details == [
+        {
+            "field": "quota",
+            "message": "gpu: 1 in use at the busiest instant of the window, a limit of 1, 1 asked",
+            "resource": "gpu",
+            "used": 1,
+            "max": 1,
+            "asked": 1,
+        }
+    ]
     assert QuotaUsage.objects.get(pool=pool).used == 1
     assert DeviceBooking.objects.count() == 1
 

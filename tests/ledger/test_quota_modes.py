@@ -114,7 +114,14 @@ def test_a_concurrent_quota_of_16_holds_16_today_and_16_next_week(beta: APIClien
     status, body = create(beta, pool_id, "today-3")
     assert_error(status, body, "QUOTA_EXCEEDED", 409)
     assert body["error"]["details"] == [
-        {"field": "quota", "resource": "gpu", "used": 16, "max": 16, "asked": 8}
+        {
+            "field": "quota",
+            "message": "gpu: 16 in use at the busiest instant of the window, a limit of 16, 8 asked",
+            "resource": "gpu",
+            "used": 16,
+            "max": 16,
+            "asked": 8,
+        }
     ]
     assert "busiest instant" in body["error"]["message"]
     assert check_quota() == [] and check_concurrent_quota() == []
@@ -126,7 +133,14 @@ def test_a_counter_quota_refuses_next_weeks_16_as_before(beta: APIClient) -> Non
     answers = book_today_and_next_week(beta, pool_id)
     assert [status for status, _ in answers[:3]] == [201, 201, 409], answers
     assert answers[2][1]["error"]["details"] == [
-        {"field": "quota", "resource": "gpu", "used": 16, "max": 16, "asked": 8}
+        {
+            "field": "quota",
+            "message": "gpu: 16 used, a limit of 16, 8 asked",
+            "resource": "gpu",
+            "used": 16,
+            "max": 16,
+            "asked": 8,
+        }
     ]
     quota = QuotaUsage.objects.get(pool_id=pool_id, tenant_id="beta", resource="gpu")
     assert (quota.mode, quota.used) == ("counter", 16)
@@ -173,7 +187,14 @@ def test_a_concurrent_scalar_quota_counts_claims_over_their_reservations_window(
     status, body = create(beta, pool_id, "c", gpus=1, resources={"vcpu": 32})
     assert_error(status, body, "QUOTA_EXCEEDED", 409)
     assert body["error"]["details"] == [
-        {"field": "quota", "resource": "vcpu", "used": 48, "max": 64, "asked": 32}
+        {
+            "field": "quota",
+            "message": "vcpu: 48 in use at the busiest instant of the window, a limit of 64, 32 asked",
+            "resource": "vcpu",
+            "used": 48,
+            "max": 64,
+            "asked": 32,
+        }
     ]
     assert create(beta, pool_id, "d", gpus=1, resources={"vcpu": 16})[0] == 201
     assert check_quota() == [] and check_concurrent_quota() == []

@@ -205,7 +205,15 @@ def test_lowering_a_counter_quota_below_its_use_and_withdrawing_with_live_reserv
         {"poolId": pool["poolId"], "tenantId": "beta", "quota": {"gpu": 1}},
     )
     assert_error(status, body, "CONFLICT", 409)
-    assert body["error"]["details"] == [{"field": "quota.gpu", "resource": "gpu", "used": 2, "max": 1}]
+    assert body["error"]["details"] == [
+        {
+            "field": "quota.gpu",
+            "message": "2 in use, above a limit of 1",
+            "resource": "gpu",
+            "used": 2,
+            "max": 1,
+        }
+    ]
     status, body = post_json(
         operator_client, "offerings/withdraw", {"poolId": pool["poolId"], "tenantId": "beta"}
     )
@@ -417,5 +425,13 @@ def test_switching_a_concurrent_offering_holding_more_than_its_limit_to_counter_
         {"poolId": pool["poolId"], "tenantId": "beta", "quotaMode": "counter"},
     )
     assert_error(status, body, "CONFLICT", 409)
-    assert body["error"]["details"] == [{"field": "quota.gpu", "resource": "gpu", "used": 4, "max": 2}]
+    assert body["error"]["details"] == [
+        {
+            "field": "quota.gpu",
+            "message": "4 in use, above a limit of 2",
+            "resource": "gpu",
+            "used": 4,
+            "max": 2,
+        }
+    ]
     assert rows() == before
