@@ -77,6 +77,7 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.flood
+	$(BIN)/python -m bench.agents
 
 soak: $(STAMP)
 	SOAK=1 $(BIN)/pytest tests/guarantees/test_capacity_concurrency.py

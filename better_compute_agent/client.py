@@ -78,12 +78,12 @@ class AgentClient:
         """True while the node is connected; False asks for a full report."""
         return bool(self.call("nodes/heartbeat", {"nodeId": node_id})["connected"])
 
-    def assignments(self, *, node_id: str, after: int, wait_ms: int) -> list[dict[str, Any]]:
+    def assignments(self, *, node_id: str, after: int, wait_ms: int) -> tuple[list[dict[str, Any]], bool]:
+        """The changes after `after`, and whether the node is connected (the poll is a heartbeat too)."""
         body = {"nodeId": node_id, "after": after, "waitMs": wait_ms}
-        changes: list[dict[str, Any]] = self.call("nodes/assignments", body, wait_seconds=wait_ms / 1000)[
-            "changes"
-        ]
-        return changes
+        answer = self.call("nodes/assignments", body, wait_seconds=wait_ms / 1000)
+        changes: list[dict[str, Any]] = answer["changes"]
+        return changes, bool(answer.get("connected", True))
 
     def ack(self, *, node_id: str, delivery_id: int, accepted: bool, reason: str | None) -> Any:
         body = {"nodeId": node_id, "deliveryId": delivery_id, "accepted": accepted, "reason": reason or ""}

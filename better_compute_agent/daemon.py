@@ -7,7 +7,8 @@
   `RESCAN_SECONDS`), and when a heartbeat says the service saw the node
   disconnected.
 * **Heartbeat** every `heartbeat_seconds` (30 by default, well inside the
-  service's 120 s stale limit): one small call.
+  service's 120 s stale limit). Every answered long poll is one (the service
+  stamps the node when it answers), so a polling agent sends no separate call.
 * **Assignments**: a long poll (`nodes/assignments`) for the changes after the
   last one applied. Each is applied to the store (`better_compute_agent.store`),
   which refuses an overlap or an overcommit itself (guard 6, `guard`), and is
@@ -150,9 +151,13 @@ class Agent:
     def sync(self, *, wait_ms: int) -> int:
         """Pull, apply and answer the node's changes (waiting up to `wait_ms` for one); how many."""
         self.send_answers()
-        changes = (self.poller or self._client()).assignments(
+        changes, connected = (self.poller or self._client()).assignments(
             node_id=self.node_id, after=self.store.last_delivery_id(), wait_ms=wait_ms
         )
+        if not connected:
+            # The service saw the node disconnected: a full report reconnects it, then poll on.
+            self.send_report()
+            return 0
         for change in changes:
             answer = self.store.apply(change, capacity=self.capacity(change))
             if not answer.accepted:
@@ -209,6 +214,8 @@ class Agent:
                     next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
                     next_rescan = time.monotonic() + RESCAN_SECONDS
                 self.sync(wait_ms=self._poll_ms(next_heartbeat, next_rescan))
+                # An answered poll is a heartbeat (the service stamps it): the next one is a period away.
+                next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
                 self.write_cdi()
                 if time.monotonic() >= next_heartbeat:
                     if not self._client().heartbeat(node_id=self.node_id):

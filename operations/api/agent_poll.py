@@ -29,6 +29,7 @@ from core.authentication import BearerTokenAuthentication
 from core.decisions import INVENTORY_REPORT, decide_node_scope
 from core.errors import InvalidInput, Unauthenticated
 from core.json_input import json_loads_strict
+from inventory.services.agents import node_heartbeat
 from operations.api.agent_serializers import AssignmentsInput
 from operations.api.nodes import node_in_scope
 from reservations.delivery.agent import node_changes_after
@@ -49,7 +50,18 @@ def _first_look(request: HttpRequest, body: Any) -> tuple[str, int, int, list[di
     data = serializer.validated_data
     scope = decide_node_scope(principal=principal, permissions=(INVENTORY_REPORT,))
     node = node_in_scope(scope, node_id=data["node_id"])
+    # The poll is the agent's proof of life too (one UPDATE), so a polling agent sends no heartbeat.
+    if not node_heartbeat(node_id=node.pk):
+        raise _Disconnected(node.pk)
     return node.pk, data["after"], data["wait_ms"], node_changes_after(node_id=node.pk, after=data["after"])
+
+
+class _Disconnected(Exception):
+    """The node was seen disconnected: the agent answers with a full report before it polls on."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(node_id)
+        self.node_id = node_id
 
 
 def _error(exc: Exception) -> JsonResponse:
@@ -78,7 +90,10 @@ async def assignments(request: HttpRequest) -> JsonResponse:
             # Rung by the bell's own start, or before the read below: the read sees those changes.
             event.clear()
         look = sync_to_async(_first_look, thread_sensitive=False)
-        node_id, after, wait_ms, changes = await look(request, parsed)
+        try:
+            node_id, after, wait_ms, changes = await look(request, parsed)
+        except _Disconnected as gone:
+            return JsonResponse({"nodeId": gone.node_id, "connected": False, "changes": []})
         if not changes and wait_ms > 0 and event is not None and bell.listening:
             try:
                 await asyncio.wait_for(event.wait(), wait_ms / 1000)
@@ -87,7 +102,7 @@ async def assignments(request: HttpRequest) -> JsonResponse:
             else:
                 read = sync_to_async(node_changes_after, thread_sensitive=False)
                 changes = await read(node_id=node_id, after=after)
-        return JsonResponse({"nodeId": node_id, "changes": changes})
+        return JsonResponse({"nodeId": node_id, "connected": True, "changes": changes})
     except Exception as exc:  # every error in the envelope, as the API's exception handler answers
         return _error(exc)
     finally:

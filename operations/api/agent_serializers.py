@@ -80,6 +80,9 @@ class ChangeOutput(serializers.Serializer):
 
 class AssignmentsOutput(serializers.Serializer):
     nodeId = serializers.CharField()
+    connected = serializers.BooleanField(
+        help_text="the poll is a heartbeat too; false: the node was disconnected, send a full report first"
+    )
     changes = ChangeOutput(many=True)
 
 

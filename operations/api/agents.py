@@ -84,7 +84,8 @@ class NodeAgentViewSet(RpcViewSet):
         response=AssignmentsOutput,
         summary="The node's assignment changes after `after`, in order (a long poll)",
         description=AGENTS
-        + " Up to 100 changes with a `deliveryId` above `after`; with none yet, waits up to `waitMs` "
+        + " Also the agent's heartbeat: `connected: false` (no changes) asks for a full report first. "
+        "Up to 100 changes with a `deliveryId` above `after`; with none yet, waits up to `waitMs` "
         "(at most 30 s) for one. An `assign` carries the atoms, window, scalar claims and node profile "
         "as booked now; a `shorten` the new window (`end == start`: nothing is left). Each change stays "
         "until the agent answers it with nodes/ack.",
@@ -92,8 +93,11 @@ class NodeAgentViewSet(RpcViewSet):
     def assignments(self, request: Request) -> Response:
         data = rpc_input(request, AssignmentsInput)
         node = self._found(request, data["node_id"])
+        # The poll is the agent's proof of life too: a polling agent sends no heartbeat.
+        if not node_heartbeat(node_id=node.pk):
+            return rpc_output(AssignmentsOutput, {"nodeId": node.pk, "connected": False, "changes": []})
         changes = node_changes_wait(node_id=node.pk, after=data["after"], wait_ms=data["wait_ms"])
-        return rpc_output(AssignmentsOutput, {"nodeId": node.pk, "changes": changes})
+        return rpc_output(AssignmentsOutput, {"nodeId": node.pk, "connected": True, "changes": changes})
 
     @rpc_action(
         "ack",

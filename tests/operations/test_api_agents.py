@@ -112,6 +112,19 @@ def test_a_heartbeat_is_proof_of_life_until_the_node_is_disconnected(pool: Pool)
     assert body["connected"] is False
 
 
+def test_an_answered_poll_is_a_heartbeat(pool: Pool) -> None:
+    client = agent_for(pool)
+    node_id = registered(client, pool)
+    reported(client, node_id)
+    Node.objects.filter(pk=node_id).update(last_heartbeat_at=None)
+    status, body = post_json(client, "nodes/assignments", {"nodeId": node_id})
+    assert (status, body["connected"]) == (200, True)
+    assert Node.objects.get(pk=node_id).last_heartbeat_at is not None
+    Node.objects.filter(pk=node_id).update(connectivity="disconnected")
+    status, body = post_json(client, "nodes/assignments", {"nodeId": node_id, "waitMs": 5000})
+    assert (status, body) == (200, {"nodeId": node_id, "connected": False, "changes": []})
+
+
 def test_an_agents_node_hears_of_its_assignments_through_the_long_poll(
     pool: Pool, owner_client: APIClient
 ) -> None:
