@@ -14,8 +14,15 @@ from __future__ import annotations
 IDENT_REGEX = r"^[A-Za-z0-9._:-]{1,128}$"
 TENANT_ID_REGEX = IDENT_REGEX
 
+# What Python's `str.isspace` (and so `re`'s `\s` and `str.strip`) calls blank, spelled out: ECMA-262's
+# `\s`, which the OpenAPI document's readers use, differs (it leaves out \u001c-\u001f and \u0085, and
+# adds \ufeff), so a pattern that says `\s` would mean one thing to the server and another to a client.
+BLANKS = (
+    "\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+)
+
 # A node label key that groups a gang's nodes (`fabric`): any characters but blanks and NUL.
-TOPOLOGY_KEY_REGEX = r"^[^\s\u0000]{1,128}$"
+TOPOLOGY_KEY_REGEX = f"^[^\\u0000{BLANKS}]{{1,128}}$"
 
 # Prefixed ULIDs (`core.ids`), as the contract spells them.
 POOL_ID_REGEX = r"^pool_[0-9a-hjkmnp-tv-z]{26,52}$"

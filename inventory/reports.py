@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from core.constants import BLANKS
 from core.errors import InvalidInput
 from core.json_input import json_integer, printable_name, text_problem
 from inventory.choices import SCALAR_RESOURCES
@@ -414,9 +415,9 @@ def report_parse(*, data: Any, prefix: str = "") -> NodeReport:
 
 # --- The report's JSON Schema (the `inventory/report` method's document) -------------------
 
-# A free text field (`product`): at most 255 characters, no NUL, something besides blanks. The
-# class spells out the blanks `str.strip` removes and ECMA-262's `\s` leaves in.
-_TEXT_PATTERN = "^[^\\u0000]*[^\\s\\u0000\\u001c-\\u001f\\u0085][^\\u0000]*$"
+# A free text field (`product`): at most 255 characters, no NUL, something besides the blanks
+# `str.strip` removes (spelled out, as ECMA-262's `\s` is not Python's: `core.constants.BLANKS`).
+_TEXT_PATTERN = f"^[^\\u0000]*[^\\u0000{BLANKS}][^\\u0000]*$"
 
 
 def _string(pattern: re.Pattern[str] | None = None) -> dict[str, Any]:

@@ -171,3 +171,37 @@ def test_each_kind_of_break_is_named(tmp_path: Path) -> None:
     assert "/api/compute/reservations/create: status 200 removed" in out
     assert "/api/compute/reservations/get 200.leaseExpiresAt: response field removed" in out
     assert "/api/compute/reservations/list body.poolId: request field now required" in out
+
+
+def document_patterns(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["pattern"]} if isinstance(node.get("pattern"), str) else set()
+        found |= set(node.get("patternProperties", {}))
+        return found.union(*(document_patterns(value) for value in node.values()))
+    if isinstance(node, list):
+        return set().union(*(document_patterns(value) for value in node))
+    return set()
+
+
+# Characters where Python's `re` and ECMA-262 disagree (`\s`, `$` before a final newline) and plain ones.
+PROBES = [chr(c) for c in (*range(0x09, 0x0E), *range(0x1C, 0x21), 0x85, 0xA0, 0x2028, 0x3000, 0xFEFF)] + [
+    "a",
+    "0",
+    "-",
+    "_",
+]
+
+
+def test_every_pattern_means_to_a_client_what_it_means_to_the_server(served: dict[str, Any]) -> None:
+    """A JSON Schema validator reads the document's patterns as ECMA-262; the server matches them with
+    Python's `re.fullmatch`. On every character where the two engines can differ, they agree."""
+    import re
+
+    import jsonschema_rs
+
+    for pattern in sorted(document_patterns(served)):
+        ecma = jsonschema_rs.validator_for({"type": "string", "pattern": pattern})
+        for probe in PROBES:
+            for text in (probe, f"a{probe}", f"{probe}a", f"node.a{probe}", f"a{probe}\n"):
+                python = re.fullmatch(pattern, text) is not None
+                assert ecma.is_valid(text) == python, (pattern, text)
