@@ -80,7 +80,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.agents
 
 soak: $(STAMP)
-	SOAK=1 $(BIN)/pytest tests/guarantees/test_capacity_concurrency.py
+	SOAK=1 $(BIN)/pytest tests/guarantees/test_capacity_concurrency.py tests/guarantees/test_schema_truth.py
 
 # Several machines' worth on this one (docs/scaling.md): a primary, a streaming replica,
 # PgBouncer (transaction mode), three API replicas behind HAProxy, the worker on a direct
