@@ -37,7 +37,7 @@ from better_compute_agent.client import AgentClient, ApiError, Unreachable
 from better_compute_agent.config import AgentSettings
 from better_compute_agent.discovery.report import GpuDevice, gpu_devices, report_from_snapshot
 from better_compute_agent.discovery.source import HostSource
-from better_compute_agent.store import Store
+from better_compute_agent.store import Answer, Store
 
 logger = logging.getLogger("better_compute_agent")
 
@@ -140,13 +140,17 @@ class Agent:
     def send_answers(self) -> None:
         """Answers the service has not confirmed yet (a restart lost them), oldest first."""
         for answer in self.store.unacked():
-            self._client().ack(
-                node_id=self.node_id,
-                delivery_id=answer.delivery_id,
-                accepted=answer.accepted,
-                reason=answer.reason,
-            )
-            self.store.mark_acked(answer.delivery_id)
+            self._answer(answer)
+
+    def _answer(self, answer: Answer) -> None:
+        """Tell the service, then mark it told: an answer lost between the two is sent again."""
+        self._client().ack(
+            node_id=self.node_id,
+            delivery_id=answer.delivery_id,
+            accepted=answer.accepted,
+            reason=answer.reason,
+        )
+        self.store.mark_acked(answer.delivery_id)
 
     def sync(self, *, wait_ms: int) -> int:
         """Pull, apply and answer the node's changes (waiting up to `wait_ms` for one); how many."""
@@ -162,13 +166,7 @@ class Agent:
             answer = self.store.apply(change, capacity=self.capacity(change))
             if not answer.accepted:
                 logger.warning("refused %s: %s", change.get("reservationId"), answer.reason)
-            self._client().ack(
-                node_id=self.node_id,
-                delivery_id=answer.delivery_id,
-                accepted=answer.accepted,
-                reason=answer.reason,
-            )
-            self.store.mark_acked(answer.delivery_id)
+            self._answer(answer)
         if changes:
             self.write_cdi()
         return len(changes)

@@ -6,6 +6,11 @@ either both or neither, and a change delivered again (after a restart, or an
 ack lost on the way) gets the answer it got the first time instead of being
 applied twice. Answers stay until the service has confirmed it got them.
 
+SQLite, not the service's PostgreSQL, on purpose: this is the node's own
+record, on a host that runs no database server, and it must hold when the
+service cannot be reached. The guarantees stay in PostgreSQL (the bookings'
+exclusion constraint); this store is guard 6's second line, on the node.
+
 One file in the agent's state directory, in WAL mode with `synchronous=FULL`:
 an answer the service has been sent must survive a power cut, or the node
 could forget a reservation it accepted.

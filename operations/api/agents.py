@@ -14,8 +14,7 @@ from rest_framework.response import Response
 
 from core.api.rpc import RpcViewSet, rpc_action, rpc_input, rpc_output
 from core.authentication import actor_of, principal_of
-from core.decisions import INVENTORY_REPORT, NODE_OUT_OF_SCOPE, decide_node_scope
-from core.errors import PermissionDenied
+from core.decisions import INVENTORY_REPORT, decide_node, decide_node_scope
 from inventory.models import Node
 from inventory.services.agents import node_agent_register, node_heartbeat
 from inventory.services.pools import pool_find
@@ -52,8 +51,8 @@ class NodeAgentViewSet(RpcViewSet):
     def register(self, request: Request) -> Response:
         data = rpc_input(request, RegisterInput)
         scope = decide_node_scope(principal=principal_of(request), permissions=(INVENTORY_REPORT,))
-        if not (scope.everywhere or data["pool_id"] in scope.pool_ids):
-            raise PermissionDenied(NODE_OUT_OF_SCOPE)
+        # No node yet: only a credential that covers the whole pool may add one to it.
+        decide_node(scope, node_id="", pool_id=data["pool_id"])
         pool = pool_find(pool_id=data["pool_id"])
         node, created = node_agent_register(
             pool=pool, hostname=data["hostname"], labels=data["labels"], actor=actor_of(request)
