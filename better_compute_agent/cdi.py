@@ -56,9 +56,19 @@ class GpuDeviceLike(Protocol):
         ...
 
 
+def device_of(atom: str, devices: Mapping[str, GpuDeviceLike]) -> str | None:
+    """The device an atom is: itself, or for a time-slice or MPS slot (`<gpu>/s<N>`) the GPU it shares."""
+    uid = atom
+    while uid:
+        if uid in devices:
+            return uid
+        uid = uid.rpartition("/")[0]
+    return None
+
+
 def _gpus(atoms: Iterable[str], devices: Mapping[str, GpuDeviceLike]) -> list[GpuDeviceLike]:
     """The reservation's GPU devices in discovery order (so device 0 in the container is the lowest)."""
-    wanted = set(atoms)
+    wanted = {uid for atom in atoms if (uid := device_of(atom, devices)) is not None}
     return [device for uid, device in devices.items() if uid in wanted]
 
 

@@ -85,6 +85,21 @@ class AgentClient:
         changes: list[dict[str, Any]] = answer["changes"]
         return changes, bool(answer.get("connected", True))
 
-    def ack(self, *, node_id: str, delivery_id: int, accepted: bool, reason: str | None) -> Any:
-        body = {"nodeId": node_id, "deliveryId": delivery_id, "accepted": accepted, "reason": reason or ""}
+    def ack(
+        self,
+        *,
+        node_id: str,
+        delivery_id: int,
+        accepted: bool,
+        reason: str | None,
+        placement: dict[str, Any] | None = None,
+    ) -> Any:
+        body: dict[str, Any] = {
+            "nodeId": node_id,
+            "deliveryId": delivery_id,
+            "accepted": accepted,
+            "reason": reason or "",
+        }
+        if placement is not None:
+            body["placement"] = placement
         return self.call("nodes/ack", body)

@@ -10,6 +10,8 @@
 | `--snapshot` | `BETTER_COMPUTE_AGENT_SNAPSHOT` | (none: NVML, /proc and /sys) |
 | `--heartbeat-seconds` | `BETTER_COMPUTE_AGENT_HEARTBEAT` | 30 |
 | `--label k=v` (repeated) | `BETTER_COMPUTE_AGENT_LABELS` (`k=v,k=v`) | none |
+| `--cgroup-root` | `BETTER_COMPUTE_AGENT_CGROUP_ROOT` | the agent's own (`Delegate=yes`) |
+| `--kill-grace` | `BETTER_COMPUTE_AGENT_KILL_GRACE` | 30 (SIGTERM to SIGKILL, seconds) |
 
 An empty variable counts as unset, as in the tenant CLI.
 """
@@ -25,6 +27,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_STATE_DIR = Path("/var/lib/better-compute-agent")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 DEFAULT_HEARTBEAT_SECONDS = 30.0
+DEFAULT_KILL_GRACE_SECONDS = 30.0
 
 
 class ConfigError(Exception):
@@ -41,6 +44,8 @@ class AgentSettings:
     snapshot: Path | None
     heartbeat_seconds: float
     labels: dict[str, str]
+    cgroup_root: Path | None = None
+    kill_grace: float = DEFAULT_KILL_GRACE_SECONDS
 
     def require(self, name: str) -> str:
         value = getattr(self, name)
@@ -79,6 +84,14 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Agent
         raise ConfigError(f"the heartbeat is seconds, not {heartbeat!r}") from None
     if heartbeat_seconds <= 0:
         raise ConfigError("the heartbeat must be more than 0 seconds")
+    grace = pick(getattr(args, "kill_grace", None), "BETTER_COMPUTE_AGENT_KILL_GRACE")
+    try:
+        kill_grace = float(grace) if grace else DEFAULT_KILL_GRACE_SECONDS
+    except ValueError:
+        raise ConfigError(f"the kill grace is seconds, not {grace!r}") from None
+    if not 0 <= kill_grace <= 3600:
+        raise ConfigError("the kill grace must be between 0 and 3600 seconds")
+    cgroup_root = pick(getattr(args, "cgroup_root", None), "BETTER_COMPUTE_AGENT_CGROUP_ROOT")
     label_pairs = list(getattr(args, "label", None) or [])
     env_labels = environ.get("BETTER_COMPUTE_AGENT_LABELS") or ""
     if not label_pairs and env_labels:
@@ -95,4 +108,6 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Agent
         snapshot=Path(snapshot) if snapshot else None,
         heartbeat_seconds=heartbeat_seconds,
         labels=_labels(label_pairs),
+        cgroup_root=Path(cgroup_root) if cgroup_root else None,
+        kill_grace=kill_grace,
     )

@@ -16,6 +16,11 @@
   one lost in a restart is sent again.
 * **CDI**: after every change, and at every start or end of a holding, the
   spec (`cdi`) is written so that it names exactly the live reservations.
+* **cgroups** (`enforce`): at the same instants, each live holding gets its
+  cgroup, and each ended one's processes are ended (SIGTERM, then SIGKILL
+  after the kill grace). The CPUs are chosen when the assign is accepted, and
+  the answer tells the service (`placement`). GPUs in use from outside every
+  reservation are held back in the report until the process is gone.
 
 The loop never sleeps past the next of those instants, so a booking that starts
 is in the CDI spec within the long poll's wake-up, not a period later.
@@ -33,11 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from better_compute_agent.cdi import cdi_spec, cdi_write
+from better_compute_agent.cgroups import Cgroups, default_root
 from better_compute_agent.client import AgentClient, ApiError, Unreachable
 from better_compute_agent.config import AgentSettings
+from better_compute_agent.cpuplan import topology_from
 from better_compute_agent.discovery.report import GpuDevice, gpu_devices, report_from_snapshot
-from better_compute_agent.discovery.source import HostSource
-from better_compute_agent.store import Answer, Store
+from better_compute_agent.discovery.source import HostSource, Snapshot
+from better_compute_agent.enforce import Enforcer, gpu_map, placement_for
+from better_compute_agent.store import Answer, Holding, Store
 
 logger = logging.getLogger("better_compute_agent")
 
@@ -48,6 +56,8 @@ LONGEST_POLL_SECONDS = 25.0
 RETRY_SECONDS, RETRY_CAP_SECONDS = 1.0, 30.0
 # Holdings that ended this long ago are dropped from the store.
 KEEP_ENDED_MS = 24 * 3600 * 1000
+# What the service is told of a placement (the store keeps more: the ratio, whether it is exclusive).
+PLACEMENT_KEYS = ("cpus", "numaNodes", "gpuLocal")
 
 
 def now_ms() -> int:
@@ -63,22 +73,65 @@ class Agent:
         self.settings, self.source, self.client = settings, source, client
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.state_dir / "store.sqlite3")
+        self.snapshot: Snapshot = {}
         self.report: dict[str, Any] = {}
         self.devices: dict[str, GpuDevice] = {}
         self.node_id = ""
+        # The cgroups of the holdings (`enforce`); None until `enforcement` takes the root.
+        self.enforcer: Enforcer | None = None
         # The client of the long poll: the service's `agents` process when it names one.
         self.poller: AgentClient | None = client
 
     # --- the host ---------------------------------------------------------------------------
 
     def read_host(self) -> bool:
-        """Read the host again; True when the report differs from the last one."""
-        snapshot = self.source.read()
-        report = report_from_snapshot(snapshot)
-        self.devices = gpu_devices(snapshot)
+        """Read the host again (and which GPUs are held back); True when the report differs from the last."""
+        self.snapshot = self.source.read()
+        self.devices = gpu_devices(self.snapshot)
+        if self.enforcer is not None:
+            self.enforcer.gpu_of = gpu_map(self.snapshot)[0]
+            self.enforcer.scan()
+        return self.refresh_report()
+
+    def refresh_report(self) -> bool:
+        """The report of the last read with the GPUs held back now; True when it changed."""
+        report = report_from_snapshot(self.snapshot)
+        holds = self.enforcer.holds if self.enforcer is not None else {}
+        for gpu in report["gpus"]:
+            if gpu["uuid"] in holds and "health" not in gpu:
+                gpu["health"] = {"healthy": False, "reason": holds[gpu["uuid"]], "clears": True}
         changed = report != self.report
         self.report = report
         return changed
+
+    def enforcement(self) -> Enforcer:
+        """Take the cgroup root for the holdings; raises `CgroupError` where cgroup v2 cannot be used."""
+        if self.enforcer is None:
+            cgroups = Cgroups(self.settings.cgroup_root or default_root())
+            cgroups.prepare()
+            self.enforcer = Enforcer(
+                self.store,
+                cgroups,
+                kill_grace=self.settings.kill_grace,
+                notices=self.settings.state_dir / "notices",
+                gpu_of=gpu_map(self.snapshot)[0],
+                processes=self.source.gpu_processes,
+            )
+        return self.enforcer
+
+    def enforce(self) -> None:
+        """Cgroups for what is live, an end for what is over; a report when a GPU's hold changed."""
+        if self.enforcer is None:
+            return
+        self.enforcer.step(now_ms())
+        if self.refresh_report() and self.node_id:
+            self.send_report()
+
+    def place(self, change: dict[str, Any], others: list[Holding]) -> dict[str, Any]:
+        """Where an accepted assign's cgroup goes (`enforce.placement_for`), on this host's topology."""
+        return placement_for(
+            change, others, topology=topology_from(self.snapshot), numa_of=gpu_map(self.snapshot)[1]
+        )
 
     def capacity(self, change: dict[str, Any]) -> dict[str, int]:
         """What the node has of each scalar, as it reported it, times the service's overcommit ratio."""
@@ -144,11 +197,13 @@ class Agent:
 
     def _answer(self, answer: Answer) -> None:
         """Tell the service, then mark it told: an answer lost between the two is sent again."""
+        placement = answer.placement
         self._client().ack(
             node_id=self.node_id,
             delivery_id=answer.delivery_id,
             accepted=answer.accepted,
             reason=answer.reason,
+            placement={key: placement[key] for key in PLACEMENT_KEYS} if placement else None,
         )
         self.store.mark_acked(answer.delivery_id)
 
@@ -163,11 +218,12 @@ class Agent:
             self.send_report()
             return 0
         for change in changes:
-            answer = self.store.apply(change, capacity=self.capacity(change))
+            answer = self.store.apply(change, capacity=self.capacity(change), place=self.place)
             if not answer.accepted:
                 logger.warning("refused %s: %s", change.get("reservationId"), answer.reason)
             self._answer(answer)
         if changes:
+            self.enforce()
             self.write_cdi()
         return len(changes)
 
@@ -182,6 +238,10 @@ class Agent:
         """The next instant a holding starts or ends (the CDI spec changes then)."""
         now = now_ms()
         instants = [t for h in self.store.holdings() for t in (h.start_ms, h.end_ms) if t > now]
+        if self.enforcer is not None:
+            due = self.enforcer.next_deadline_ms()
+            if due is not None:
+                instants.append(max(due, now))
         return min(instants, default=None)
 
     # --- the commands -----------------------------------------------------------------------
@@ -192,6 +252,7 @@ class Agent:
         self.register()
         self.send_report()
         taken = self.sync(wait_ms=0)
+        self.enforce()
         self.write_cdi()
         return taken
 
@@ -214,6 +275,7 @@ class Agent:
                 self.sync(wait_ms=self._poll_ms(next_heartbeat, next_rescan))
                 # An answered poll is a heartbeat (the service stamps it): the next one is a period away.
                 next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
+                self.enforce()
                 self.write_cdi()
                 if time.monotonic() >= next_heartbeat:
                     if not self._client().heartbeat(node_id=self.node_id):

@@ -23,7 +23,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,7 @@ from better_compute_agent import guard
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS holdings (
     reservation_id TEXT PRIMARY KEY,
@@ -56,6 +56,19 @@ CREATE TABLE IF NOT EXISTS answers (
     acked INTEGER NOT NULL DEFAULT 0
 );
 """
+# Version 2: where each holding's cgroup is placed (the CPUs the ack reported), its spot notice, and
+# the ends being enforced (so a restarted agent kills on the same deadline).
+UPGRADES = {
+    2: [
+        "ALTER TABLE holdings ADD COLUMN placement TEXT",
+        "ALTER TABLE holdings ADD COLUMN spot INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE holdings ADD COLUMN notice TEXT",
+        "ALTER TABLE answers ADD COLUMN placement TEXT",
+        "CREATE TABLE IF NOT EXISTS endings ("
+        " reservation_id TEXT PRIMARY KEY, term_ms INTEGER NOT NULL, kill_ms INTEGER NOT NULL,"
+        " killed_ms INTEGER)",
+    ],
+}
 
 
 @dataclass(frozen=True)
@@ -72,15 +85,37 @@ class Holding:
     resources: dict[str, int]
     profile: dict[str, Any] | None
     delivery_id: int
+    placement: dict[str, Any] | None = None
+    spot: bool = False
+    # A spot reservation's preemption notice, as delivered: {"givenAt": ms, "endsAt": ms}.
+    notice: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Answer:
-    """What the node answers to one delivery; `reason` says why when it refuses."""
+    """What the node answers to one delivery; `reason` says why when it refuses.
+
+    `placement` is where an accepted assign's cgroup goes (CPUs, NUMA nodes, near its GPUs).
+    """
 
     delivery_id: int
     accepted: bool
     reason: str | None
+    placement: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A reservation whose end is being enforced: SIGTERM at `term_ms`, SIGKILL due at `kill_ms`."""
+
+    reservation_id: str
+    term_ms: int
+    kill_ms: int
+    killed_ms: int | None
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
 
 
 def _holding(row: sqlite3.Row) -> Holding:
@@ -90,16 +125,28 @@ def _holding(row: sqlite3.Row) -> Holding:
         start_ms=row["start_ms"],
         end_ms=row["end_ms"],
         resources=json.loads(row["resources"]),
-        profile=None if row["profile"] is None else json.loads(row["profile"]),
+        profile=_loads(row["profile"]),
         delivery_id=row["delivery_id"],
+        placement=_loads(row["placement"]),
+        spot=bool(row["spot"]),
+        notice=_loads(row["notice"]),
     )
 
 
 def _answer(row: sqlite3.Row) -> Answer:
-    return Answer(delivery_id=row["delivery_id"], accepted=bool(row["accepted"]), reason=row["reason"])
+    return Answer(
+        delivery_id=row["delivery_id"],
+        accepted=bool(row["accepted"]),
+        reason=row["reason"],
+        placement=_loads(row["placement"]),
+    )
 
 
-HOLDING_COLUMNS = "reservation_id, atoms, start_ms, end_ms, resources, profile, delivery_id"
+HOLDING_COLUMNS = (
+    "reservation_id, atoms, start_ms, end_ms, resources, profile, delivery_id, placement, spot, notice"
+)
+# Chooses where an accepted assign goes, given the holdings its window overlaps (see `Store.apply`).
+Place = Callable[[Mapping[str, Any], list[Holding]], "dict[str, Any] | None"]
 
 
 class Store:
@@ -126,6 +173,9 @@ class Store:
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            for target in range(max(version, 1), SCHEMA_VERSION):
+                for statement in UPGRADES[target + 1]:
+                    db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextmanager
@@ -141,7 +191,9 @@ class Store:
                 raise
             self._db.execute("COMMIT")
 
-    def apply(self, change: Mapping[str, Any], *, capacity: Mapping[str, int]) -> Answer:
+    def apply(
+        self, change: Mapping[str, Any], *, capacity: Mapping[str, int], place: Place | None = None
+    ) -> Answer:
         """Apply one delivered change (or refuse it) and record the answer, in one transaction.
 
         A malformed change is refused with a reason, not raised; one without a
@@ -149,6 +201,10 @@ class Store:
         A delivery at or below the last applied one is answered as it was the
         first time, and changes nothing. Only a failing disk raises, and then
         nothing was applied and nothing must be acknowledged.
+
+        `place` chooses an accepted assign's placement (its CPUs) in the same
+        transaction, against the holdings its window overlaps, so two assigns
+        never pick one CPU from a stale view.
         """
         problem = guard.delivery_id_problem(change)
         if problem is not None:
@@ -170,7 +226,10 @@ class Store:
                 held = self._overlapping(db, int(change["start"]), int(change["end"]))
                 reason = guard.refusal(change, held, capacity)
                 if reason is None:
-                    self._assign(db, change)
+                    others = [h for h in held if h.reservation_id != change["reservationId"]]
+                    placement = place(change, others) if place is not None else None
+                    self._assign(db, change, placement)
+                    return self._record(db, Answer(delivery_id, True, None, placement))
             elif reason is None:
                 self._shorten(db, change)
             if reason is not None:
@@ -184,8 +243,15 @@ class Store:
     @staticmethod
     def _record(db: sqlite3.Connection, answer: Answer) -> Answer:
         db.execute(
-            "INSERT INTO answers (delivery_id, accepted, reason, answered_ms) VALUES (?, ?, ?, ?)",
-            [answer.delivery_id, int(answer.accepted), answer.reason, int(time.time() * 1000)],
+            "INSERT INTO answers (delivery_id, accepted, reason, answered_ms, placement)"
+            " VALUES (?, ?, ?, ?, ?)",
+            [
+                answer.delivery_id,
+                int(answer.accepted),
+                answer.reason,
+                int(time.time() * 1000),
+                None if answer.placement is None else json.dumps(answer.placement),
+            ],
         )
         return answer
 
@@ -197,15 +263,17 @@ class Store:
         return [_holding(row) for row in rows]
 
     @staticmethod
-    def _assign(db: sqlite3.Connection, change: Mapping[str, Any]) -> None:
+    def _assign(db: sqlite3.Connection, change: Mapping[str, Any], placement: dict[str, Any] | None) -> None:
         """Hold the reservation as delivered; a redelivered assign replaces its record."""
         resources = {name: int(amount) for name, amount in sorted(guard.claims(change).items())}
         profile = change.get("profile")
+        notice = change.get("notice")
         db.execute(
-            f"INSERT INTO holdings ({HOLDING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO holdings ({HOLDING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (reservation_id) DO UPDATE SET atoms = excluded.atoms,"
             " start_ms = excluded.start_ms, end_ms = excluded.end_ms, resources = excluded.resources,"
-            " profile = excluded.profile, delivery_id = excluded.delivery_id",
+            " profile = excluded.profile, delivery_id = excluded.delivery_id,"
+            " placement = excluded.placement, spot = excluded.spot, notice = excluded.notice",
             [
                 change["reservationId"],
                 json.dumps(list(dict.fromkeys(change["atoms"]))),
@@ -214,6 +282,9 @@ class Store:
                 json.dumps(resources),
                 None if profile is None else json.dumps(dict(profile), sort_keys=True),
                 int(change["deliveryId"]),
+                None if placement is None else json.dumps(placement),
+                int(change.get("spot") is True),
+                json.dumps(dict(notice)) if isinstance(notice, Mapping) else None,
             ],
         )
 
@@ -226,6 +297,12 @@ class Store:
         if row is None:
             return  # never held (refused, or already pruned): there is nothing to give back
         end = int(change["end"])
+        notice = change.get("notice")
+        if isinstance(notice, Mapping):
+            db.execute(
+                "UPDATE holdings SET notice = ? WHERE reservation_id = ?",
+                [json.dumps(dict(notice)), change["reservationId"]],
+            )
         if end <= row["start_ms"]:
             db.execute("DELETE FROM holdings WHERE reservation_id = ?", [change["reservationId"]])
         elif end < row["end_ms"]:
@@ -265,7 +342,8 @@ class Store:
         """Answers the service has not confirmed yet, oldest first: send them (again)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT delivery_id, accepted, reason FROM answers WHERE acked = 0 ORDER BY delivery_id"
+                "SELECT delivery_id, accepted, reason, placement FROM answers WHERE acked = 0"
+                " ORDER BY delivery_id"
             ).fetchall()
         return [_answer(row) for row in rows]
 
@@ -288,6 +366,40 @@ class Store:
                 [before_ms],
             )
         return int(dropped)
+
+    # --- the ends being enforced ------------------------------------------------------------
+
+    def endings(self) -> dict[str, Ending]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM endings").fetchall()
+        return {
+            row["reservation_id"]: Ending(
+                row["reservation_id"], row["term_ms"], row["kill_ms"], row["killed_ms"]
+            )
+            for row in rows
+        }
+
+    def ending_begin(self, reservation_id: str, *, term_ms: int, kill_ms: int) -> Ending:
+        """Record that the reservation's processes were sent SIGTERM; the first record stands."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO endings (reservation_id, term_ms, kill_ms) VALUES (?, ?, ?)"
+                " ON CONFLICT (reservation_id) DO NOTHING",
+                [reservation_id, term_ms, kill_ms],
+            )
+            row = db.execute("SELECT * FROM endings WHERE reservation_id = ?", [reservation_id]).fetchone()
+        return Ending(row["reservation_id"], row["term_ms"], row["kill_ms"], row["killed_ms"])
+
+    def ending_killed(self, reservation_id: str, *, at_ms: int) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE endings SET killed_ms = ? WHERE reservation_id = ? AND killed_ms IS NULL",
+                [at_ms, reservation_id],
+            )
+
+    def ending_done(self, reservation_id: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM endings WHERE reservation_id = ?", [reservation_id])
 
     def close(self) -> None:
         with self._lock:

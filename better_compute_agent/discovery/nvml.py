@@ -119,6 +119,17 @@ def read_numa_node(device_dir: Path) -> int | None:
     return node if node is not None and node >= 0 else None
 
 
+def read_numa(sys: Path) -> list[dict[str, Any]]:
+    """The NUMA nodes with their CPUs and distances, from /sys/devices/system/node (empty: none)."""
+    base = sys / "devices" / "system" / "node"
+    nodes = []
+    for directory in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        cpus = (_read(directory / "cpulist") or "").strip()
+        distances = [int(d) for d in (_read(directory / "distance") or "").split() if d.isdigit()]
+        nodes.append({"node": int(directory.name[4:]), "cpus": cpus, "distances": distances})
+    return [node for node in nodes if node["cpus"]]
+
+
 def _link_target(path: Path) -> str:
     try:
         return Path(os.readlink(path)).name
@@ -321,7 +332,33 @@ class NvmlSource(HostSource):
             "gpus": gpus,
             "nics": read_nics(self.sys),
             "disks": read_disks(self.sys),
+            "numa": read_numa(self.sys),
         }
+
+    def gpu_processes(self) -> dict[str, list[int]]:
+        """GPU UUID → the compute and graphics processes NVML sees on it (a GPU it cannot ask is left out)."""
+        nvml = self._open()
+        out: dict[str, list[int]] = {}
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError:
+            return out
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            except nvml.NVMLError:
+                continue
+            pids: set[int] = set()
+            for call in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                function = getattr(nvml, call, None)
+                if function is None:
+                    continue
+                with contextlib.suppress(nvml.NVMLError):
+                    pids.update(int(info.pid) for info in function(handle))
+            if uuid and pids:
+                out[uuid] = sorted(pids)
+        return out
 
     def close(self) -> None:
         """Free the event set and end NVML; a later `read` starts afresh."""

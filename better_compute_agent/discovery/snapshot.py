@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ _TOP: _Spec = {
     "gpus": (list,),
     "nics": (list,),
     "disks": (list,),
+    "numa": (list,),
 }
+_NUMA: _Spec = {"node": _INT, "cpus": (str,), "distances": (list,)}
 _HOST: _Spec = {"vcpu": _INT, "memoryGiB": _INT, "hugepages1Gi": _INT}
 _GPU: _Spec = {
     "index": _INT,
@@ -44,6 +47,7 @@ _GPU: _Spec = {
     "nvlinkDomain": _OPT_STR,
     "mig": (dict,),
     "health": (dict,),
+    "processes": (list,),
 }
 _MIG: _Spec = {"enabled": (bool,), "instances": (list,)}
 _INSTANCE: _Spec = {
@@ -77,6 +81,10 @@ _TYPE_NAMES = {
     list: "a list",
     None: "null",
 }
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _type_ok(value: Any, allowed: tuple[Any, ...]) -> bool:
@@ -144,7 +152,17 @@ def snapshot_problem(data: Any) -> str | None:
     for i, nic in enumerate(data.get("nics", [])):
         if problem is None and not all(isinstance(vf, str) for vf in nic.get("vfs", [])):
             problem = f"nics[{i}].vfs: must be a list of strings"
-    return problem or _check_list(data.get("disks", []), _DISK, {"id", "sizeGiB"}, "disks")
+    problem = problem or _check_list(data.get("disks", []), _DISK, {"id", "sizeGiB"}, "disks")
+    problem = problem or _check_list(data.get("numa", []), _NUMA, {"node", "cpus"}, "numa")
+    for i, entry in enumerate(data.get("numa", [])):
+        if problem is None and not re.fullmatch(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", entry["cpus"]):
+            problem = f"numa[{i}].cpus: must be a cpulist such as 0-27,56-83"
+        if problem is None and not all(_is_int(d) for d in entry.get("distances", [])):
+            problem = f"numa[{i}].distances: must be a list of integers"
+    for i, gpu in enumerate(data["gpus"]):
+        if problem is None and not all(_is_int(pid) for pid in gpu.get("processes", [])):
+            problem = f"gpus[{i}].processes: must be a list of pids"
+    return problem
 
 
 class SnapshotSource(HostSource):
@@ -171,6 +189,15 @@ class SnapshotSource(HostSource):
             raise DiscoveryError(f"snapshot {self.path}: {problem}")
         snapshot: Snapshot = data
         return snapshot
+
+    def gpu_processes(self) -> dict[str, list[int]]:
+        """What the file says uses each GPU (`gpus[].processes`): a test bed's stand-in for NVML."""
+        snapshot = self.read()
+        return {
+            str(gpu["uuid"]): list(gpu.get("processes") or [])
+            for gpu in snapshot["gpus"]
+            if gpu.get("uuid") and gpu.get("processes")
+        }
 
 
 def snapshot_write(snapshot: Snapshot, path: Path) -> None:

@@ -25,6 +25,11 @@ step (the node report, the device map) is tested without hardware. Its keys:
   `linkGbps` (null when the link is down), `numaNode`, `vfs` (the VFs' PCI addresses).
 * `disks`: whole block devices: `id` (kernel name), `sizeGiB` (rounded down), `media`
   (`nvme`, `ssd` or `hdd`).
+* `numa` (optional): the NUMA nodes, each `node` (its id), `cpus` (its CPUs in the
+  kernel's cpulist form, `0-27,56-83`) and `distances` (sysfs `distance`: to each node
+  in this list's order; 10 is local). Without it the host is one node holding every CPU.
+* `gpus[].processes` (optional, hand-written snapshots only): the pids a test bed says
+  use the GPU; a live read asks NVML instead (`gpu_processes`).
 
 Readers ignore keys they do not know, so a later version may add facts.
 """
@@ -47,4 +52,8 @@ class HostSource(Protocol):
 
     def read(self) -> Snapshot:
         """The host's snapshot; raises `DiscoveryError` when nothing can be read at all."""
+        ...
+
+    def gpu_processes(self) -> dict[str, list[int]]:
+        """GPU UUID → the pids using it now (empty where that cannot be read)."""
         ...

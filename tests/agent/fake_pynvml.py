@@ -74,6 +74,7 @@ class FakeGpu:
     remap_failure: bool = False
     failing: dict[str, int] = field(default_factory=dict)  # call name -> NVML error code it raises
     lost: bool = False  # even its handle cannot be had
+    processes: list[int] = field(default_factory=list)  # pids of the compute processes on it
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,15 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle: _Handle) -> Any:
         self._check(handle, "nvmlDeviceGetPciInfo")
         return SimpleNamespace(busId=handle.gpu.bus_id.encode(), busIdLegacy=handle.gpu.bus_id[4:].encode())
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
+        self._check(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [
+            SimpleNamespace(
+                pid=pid, usedGpuMemory=1 << 30, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF
+            )
+            for pid in handle.gpu.processes
+        ]
 
     def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
         self._check(handle, "nvmlDeviceGetMinorNumber")

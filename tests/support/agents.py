@@ -84,6 +84,15 @@ def write_snapshot(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+def cgroup_stand_in(path: Path, controllers: str = "cpuset cpu io memory hugetlb pids") -> Path:
+    """A directory laid out like a cgroup v2 root, which the agent accepts as `--cgroup-root`."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cgroup.controllers").write_text(controllers + "\n")
+    (path / "cgroup.subtree_control").write_text("")
+    (path / "cgroup.procs").write_text("")
+    return path
+
+
 class AgentProcess:
     """One host's agent: its snapshot, its directory (store, CDI spec, log) and its daemon, when running."""
 
@@ -91,6 +100,11 @@ class AgentProcess:
         self.snapshot, self.directory, self.env = snapshot, directory, env
         self.process: subprocess.Popen[bytes] | None = None
         directory.mkdir(parents=True, exist_ok=True)
+        cgroup_stand_in(self.cgroup_root)
+
+    @property
+    def cgroup_root(self) -> Path:
+        return self.directory / "cgroup"
 
     @property
     def state_dir(self) -> Path:
@@ -115,6 +129,8 @@ class AgentProcess:
             str(self.state_dir),
             "--cdi-dir",
             str(self.cdi_dir),
+            "--cgroup-root",
+            str(self.cgroup_root),
             "--heartbeat-seconds",
             "1",
             command,
