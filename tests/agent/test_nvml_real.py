@@ -5,8 +5,10 @@ Runs only where `nvidia-smi` is on PATH (and `nvidia-ml-py` is installed): `pyte
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 
 import jsonschema
 import pytest
@@ -37,3 +39,40 @@ def test_the_real_host_reads_into_a_report_the_server_takes() -> None:
     assert all(gpu.uuid.startswith("GPU-") and gpu.memory_mib > 0 for gpu in parsed.gpus)
     assert parsed.resources["vcpu"] > 0 and parsed.resources["memoryGiB"] > 0
     assert all(dev.device_nodes[0].startswith("/dev/nvidia") for dev in gpu_devices(snapshot).values())
+
+
+# A CUDA process: the driver API alone (libcuda, which every NVIDIA driver installs), holding a
+# context on device 0 until its stdin closes.
+CUDA_HOLDER = """
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+device, context = ctypes.c_int(), ctypes.c_void_p()
+assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(context), 0, device) == 0
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU host: nvidia-smi is not on PATH"
+)
+def test_a_real_cuda_process_is_among_its_gpus_holders() -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", CUDA_HOLDER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        # CUDA's device 0 is NVML's index 0 only in PCI order.
+        env={**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+    )
+    source = NvmlSource()
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        first = source.read()["gpus"][0]["uuid"]
+        assert holder.pid in source.gpu_processes().get(first, [])
+    finally:
+        source.close()
+        holder.communicate("", timeout=30)
