@@ -51,7 +51,7 @@ class CgroupError(Exception):
 
 def _mounts(mountinfo: Path) -> list[tuple[str, str]]:
     """(mount point, filesystem type) of every mount, from /proc/self/mountinfo."""
-    out = []
+    out: list[tuple[str, str]] = []
     try:
         lines = mountinfo.read_text().splitlines()
     except OSError:

@@ -33,7 +33,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,7 @@ class Agent:
         if self.refresh_report() and self.node_id:
             self.send_report()
 
-    def place(self, change: dict[str, Any], others: list[Holding]) -> dict[str, Any]:
+    def place(self, change: Mapping[str, Any], others: list[Holding]) -> dict[str, Any] | None:
         """Where an accepted assign's cgroup goes (`enforce.placement_for`), on this host's topology."""
         return placement_for(
             change, others, topology=topology_from(self.snapshot), numa_of=gpu_map(self.snapshot)[1]

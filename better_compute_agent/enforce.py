@@ -95,7 +95,8 @@ class Enforcer:
             if name not in live:
                 self._end(name, known.get(name), now_ms)
         for name in endings:
-            if not self.cgroups.exists(name):
+            # Gone, or live again (a redelivered assign gave its time back): nothing more to end.
+            if not self.cgroups.exists(name) or name in live:
                 self.store.ending_done(name)
         starting = [h for rid, h in live.items() if not self.cgroups.exists(rid)]
         if starting:
@@ -150,7 +151,9 @@ class Enforcer:
         if self.cgroups.remove(reservation_id):
             self.store.ending_done(reservation_id)
             (self.notices / f"{reservation_id}.json").unlink(missing_ok=True)
-            self._survivors.pop(reservation_id, None)
+            survived = self._survivors.pop(reservation_id, None)
+            if survived is not None:
+                self.holds = {gpu: why for gpu, why in self.holds.items() if why != survived}
             logger.info("%s: cgroup removed", reservation_id)
         elif now_ms - ending.killed_ms >= KILL_WAIT_SECONDS * 1000:
             pids = self.cgroups.members(reservation_id)
@@ -167,10 +170,9 @@ class Enforcer:
                         self.holds[gpu] = reason
 
     def next_deadline_ms(self) -> int | None:
-        """The next kill due, or soon while a killed cgroup waits to be removed."""
-        due = []
-        for ending in self.store.endings().values():
-            due.append(ending.kill_ms if ending.killed_ms is None else ending.killed_ms + 1000)
+        """The next kill due, or a second from now while a killed cgroup waits to be removed."""
+        soon = _now_ms() + 1000
+        due = [e.kill_ms if e.killed_ms is None else soon for e in self.store.endings().values()]
         return min(due, default=None)
 
     # --- stragglers -------------------------------------------------------------------------
@@ -191,12 +193,12 @@ class Enforcer:
                         holds.setdefault(gpu, reason)
                     continue  # an ended reservation's: its end (`step`) kills it
                 holds.setdefault(gpu, f"in use outside any reservation (pid {pid}, {command_of(pid)})")
-        for name, reason in self._survivors.items():
+        for name, survived in self._survivors.items():
             holding = self.store.holding(name)
             for atom in holding.atoms if holding is not None else ():
-                gpu = self.gpu_of(atom)
-                if gpu:
-                    holds.setdefault(gpu, reason)
+                held = self.gpu_of(atom)
+                if held:
+                    holds.setdefault(held, survived)
         for gpu in sorted(set(holds) - set(self.holds)):
             logger.warning("GPU %s held back: %s", gpu, holds[gpu])
         for gpu in sorted(set(self.holds) - set(holds)):

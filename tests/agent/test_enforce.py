@@ -328,3 +328,36 @@ def test_exec_runs_the_command_in_the_cgroup_with_its_gpus(agent: Agent) -> None
     pid, visible, rid = out.split()
     assert visible == ",".join(GPUS[2:4]) and rid == "rsv_run"
     assert pid in (root / "rsv_run" / "cgroup.procs").read_text().split()
+
+
+def test_processes_that_survive_the_kill_hold_their_gpu_back_until_they_are_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cgroup_stand_in(tmp_path / "cgroup")
+    agent = Agent(settings(tmp_path, kill_grace=0), SnapshotSource(H100))
+    agent.read_host()
+    enforcer = agent.enforcement()
+    # A process stuck in the kernel takes no signal: stood in for by a kill that reaches nothing.
+    monkeypatch.setattr(enforcer.cgroups, "kill", lambda rid: None)
+    monkeypatch.setattr("better_compute_agent.enforce.KILL_WAIT_SECONDS", 0.1)
+    now = now_ms()
+    assign(agent, "rsv_stuck", GPUS[3:4], start=now, end=now + HOUR_MS)
+    stuck = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"])
+    try:
+        enforcer.cgroups.add("rsv_stuck", stuck.pid)
+        shorten(agent, "rsv_stuck", now_ms())
+        time.sleep(0.7)  # the pass waits up to half a second for the cgroup to empty
+        agent.enforce()
+        reason = f"processes of ended reservation rsv_stuck survive the kill (pid {stuck.pid}, sh)"
+        gpu = next(g for g in agent.report["gpus"] if g["uuid"] == GPUS[3])
+        assert gpu["health"] == {"healthy": False, "reason": reason, "clears": True}
+        assert (tmp_path / "cgroup" / "rsv_stuck").exists()
+        stuck.kill()
+        stuck.wait()
+        agent.enforce()  # the cgroup empties and goes, and with it the hold
+        assert not (tmp_path / "cgroup" / "rsv_stuck").exists()
+        assert "health" not in next(g for g in agent.report["gpus"] if g["uuid"] == GPUS[3])
+    finally:
+        stuck.kill()
+        stuck.wait()
+        agent.close()
