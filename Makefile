@@ -78,6 +78,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.flood
 	$(BIN)/python -m bench.agents
+	$(BIN)/python -m bench.agents_end
 
 soak: $(STAMP)
 	SOAK=1 $(BIN)/pytest tests/guarantees/test_capacity_concurrency.py tests/guarantees/test_schema_truth.py
