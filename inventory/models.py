@@ -198,6 +198,10 @@ class Device(models.Model):
     )
     attributes = models.JSONField(default=dict, blank=True)
     healthy = models.BooleanField(default=True)
+    # Why the node's agent holds the device back for a cause it will see go away (a process
+    # using the GPU from outside every reservation); blank when no hold. A held device is
+    # unhealthy, and the node's next report that does not hold it makes it healthy again.
+    node_hold = models.TextField(blank=True, default="", db_default="")
     bookable = models.BooleanField(default=True)
     # Set when a report stops listing the device; the row stays while bookings refer to it.
     vanished_at = models.DateTimeField(null=True, blank=True)
@@ -205,6 +209,12 @@ class Device(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        constraints = [
+            # A hold is a reason to be unhealthy: a healthy device holds nothing back.
+            models.CheckConstraint(
+                name="device_hold_is_unhealthy", condition=Q(node_hold="") | Q(healthy=False)
+            ),
+        ]
         indexes = [
             # The placer's candidate scan and the rebuild: a node's atoms of one class.
             models.Index(

@@ -32,6 +32,7 @@ MAX_MIG_CI = 63
 MAX_VFS_PER_NIC = 256
 MAX_VFS_PER_NODE = 2048
 SCALARS = SCALAR_RESOURCES
+HEALTHY: tuple[str | None, bool] = (None, False)  # `_parse_health` of a healthy GPU: no reason, no hold
 
 # Every pattern is matched whole (`fullmatch`): with `re.match`, `$` also matches before a
 # final newline, and `"GPU-1\n"` would become a second device beside `"GPU-1"`.
@@ -64,6 +65,8 @@ class GpuReport:
     # What the node's agent saw wrong with the GPU (NVML cannot query it, retired pages,
     # a row-remap failure, a critical XID); None when it reported none.
     unhealthy_reason: str | None = None
+    # `health.clears`: the node holds the GPU back for a cause it will see go away.
+    unhealthy_clears: bool = False
 
 
 @dataclass(frozen=True)
@@ -274,7 +277,7 @@ def _parse_gpu(errors: _Errors, path: str, raw: Any) -> GpuReport | None:
                 instances.append(MigInstance(gi=gi, ci=ci, profile=profile, memory_mib=imem))
             if instances and not mig_enabled:
                 errors.add(f"{path}.mig.instances", "must be empty when MIG is not enabled")
-    unhealthy = _parse_health(errors, f"{path}.health", obj["health"]) if "health" in obj else None
+    unhealthy, clears = _parse_health(errors, f"{path}.health", obj["health"]) if "health" in obj else HEALTHY
     if uuid is None or product is None or memory is None:
         return None
     return GpuReport(
@@ -288,21 +291,24 @@ def _parse_gpu(errors: _Errors, path: str, raw: Any) -> GpuReport | None:
         mig_enabled=mig_enabled,
         mig_instances=tuple(sorted(instances, key=lambda m: (m.gi, m.ci))),
         unhealthy_reason=unhealthy,
+        unhealthy_clears=clears,
     )
 
 
-def _parse_health(errors: _Errors, path: str, raw: Any) -> str | None:
-    """`{"healthy": false, "reason": "..."}`: the reason (or a default one); None when healthy."""
-    health = _obj(errors, path, raw, {"healthy"}, {"reason"})
+def _parse_health(errors: _Errors, path: str, raw: Any) -> tuple[str | None, bool]:
+    """`{"healthy": false, "reason", "clears"}`: the reason (or a default) and `clears`, else HEALTHY."""
+    health = _obj(errors, path, raw, {"healthy"}, {"reason", "clears"})
     if health is None or "healthy" not in health:
-        return None
+        return HEALTHY
+    if not isinstance(health.get("clears", False), bool):
+        errors.add(f"{path}.clears", "must be a boolean")
     if not isinstance(health["healthy"], bool):
         errors.add(f"{path}.healthy", "must be a boolean")
-        return None
+        return HEALTHY
     reason = _str(errors, f"{path}.reason", health["reason"]) if "reason" in health else None
     if health["healthy"]:
-        return None
-    return reason or "reported unhealthy by the node"
+        return HEALTHY
+    return reason or "reported unhealthy by the node", health.get("clears") is True
 
 
 def _parse_nic(errors: _Errors, path: str, raw: Any) -> NicReport | None:
@@ -418,6 +424,7 @@ def report_parse(*, data: Any, prefix: str = "") -> NodeReport:
 # A free text field (`product`): at most 255 characters, no NUL, something besides the blanks
 # `str.strip` removes (spelled out, as ECMA-262's `\s` is not Python's: `core.constants.BLANKS`).
 _TEXT_PATTERN = f"^[^\\u0000]*[^\\u0000{BLANKS}][^\\u0000]*$"
+_CLEARS = {"type": "boolean", "description": "true: the node lifts the mark itself once its cause is gone"}
 
 
 def _string(pattern: re.Pattern[str] | None = None) -> dict[str, Any]:
@@ -462,7 +469,7 @@ def report_schema() -> dict[str, Any]:
             "pciBusId": _string(PCI_RE),
             "nvlinkDomain": _string(IDENT_RE),
             "mig": _object({"enabled": {"type": "boolean"}}, {"instances": _array(mig_instance, 64)}),
-            "health": _object({"healthy": {"type": "boolean"}}, {"reason": _string()}),
+            "health": _object({"healthy": {"type": "boolean"}}, {"reason": _string(), "clears": _CLEARS}),
         },
     )
     nic = _object(

@@ -13,15 +13,34 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from core.admin import ReadOnlyAdmin, ReasonForm, admin_actor, plural, reason_action
+from core.ranges import ranges_text
 from reservations.models import Allocation, DeviceBooking, Reservation, ReservationState
 
 LIVE_STATES = (ReservationState.SCHEDULED, ReservationState.ACTIVE)
 
 
-class AllocationInline(admin.TabularInline):
+def placement_text(placement: dict[str, Any] | None) -> str:
+    """An allocation's placement as an operator reads it: `CPUs 0-15 · NUMA 0 · local to its GPUs`."""
+    if not placement:
+        return "not reported"
+    cpus = ranges_text(placement.get("cpus", ())) or "none"
+    numa = ranges_text(placement.get("numaNodes", ())) or "none"
+    local = "local to its GPUs" if placement.get("gpuLocal") else "not local to its GPUs"
+    return f"CPUs {cpus} · NUMA {numa} · {local}"
+
+
+class PlacementDisplay:
+    """The `placement` column of the allocation admins: what the node said it gave the workload."""
+
+    @admin.display(description="placement")
+    def placement_shown(self, obj: Allocation) -> str:
+        return placement_text(obj.placement)
+
+
+class AllocationInline(PlacementDisplay, admin.TabularInline):
     model = Allocation
     extra = 0
-    fields = ("id", "node", "resources", "released", "created_at")
+    fields = ("id", "node", "resources", "placement_shown", "released", "created_at")
     readonly_fields = fields
     can_delete = False
     show_change_link = True
@@ -73,8 +92,8 @@ class ReservationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Allocation)
-class AllocationAdmin(ReadOnlyAdmin):
-    list_display = ("id", "reservation", "node", "resources", "released", "created_at")
+class AllocationAdmin(PlacementDisplay, ReadOnlyAdmin):
+    list_display = ("id", "reservation", "node", "resources", "placement_shown", "released", "created_at")
     list_filter = ("released",)
     list_select_related = ("reservation", "node")
     search_fields = ("id", "reservation__id", "node__hostname")

@@ -126,6 +126,9 @@ class Allocation(models.Model):
     node = models.ForeignKey("inventory.Node", on_delete=models.PROTECT, related_name="allocations")
     # {"vcpu": 16, "memoryGiB": 128, "hugepages1Gi": 0}; given back on release.
     resources = models.JSONField(default=dict, blank=True)
+    # What the node's agent gave the workload when it accepted the assignment:
+    # {"cpus": [0, 1, ...], "numaNodes": [0], "gpuLocal": true}; null until it says.
+    placement = models.JSONField(null=True, blank=True)
     released = models.BooleanField(default=False)
     created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
 

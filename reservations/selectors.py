@@ -178,8 +178,12 @@ def reservation_payload(
                     "nodeId": allocation.node_id,
                     "atoms": list(atoms),
                     "resources": dict(allocation.resources or {}),
+                    "placement": allocation.placement,
                 }
             )
+    else:
+        # A create's answer is built before any node answered: no placement yet.
+        allocations = [{**allocation, "placement": allocation.get("placement")} for allocation in allocations]
     notice = None
     if reservation.notice_at is not None:
         notice = {"at": to_millis(reservation.notice_at), "endsAt": to_millis(reservation.notice_ends_at)}

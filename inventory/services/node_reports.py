@@ -24,7 +24,7 @@ from core.services import audit_record
 from inventory.choices import SLOT_SHARING, Connectivity
 from inventory.models import DeviceClass, Node, Pool
 from inventory.reports import SCALARS, GpuReport, NodeReport
-from inventory.services.device_health import devices_mark_unhealthy, reported_unhealthy
+from inventory.services.device_health import node_reports_health_apply, reported_health
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +215,9 @@ def inventory_apply_reports(
     scalar keeps its ratio. With `connect`, each node is marked `connected` with a
     heartbeat at `compute_now()` (a report is proof of life, and a node that was
     `disconnected` is audited as `node.connected`); the fleet loader sets
-    connectivity itself. Raises `InvalidInput` or `Conflict` with nothing applied.
+    connectivity itself, and its reports lift no node's hold on a GPU
+    (`inventory.services.device_health`). Raises `InvalidInput` or `Conflict` with
+    nothing applied.
 
     The rollups are the caller's too: `reservations.nodes.reports.node_reports_apply`
     runs this inside `reservations.nodes.changes.nodes_changing`.
@@ -241,7 +243,14 @@ def inventory_apply_reports(
         for want in wants:
             if want.parent_uid is not None:
                 parents.setdefault(want.parent_uid, []).append(want.uid)
-        devices_mark_unhealthy(reasons=reported_unhealthy((r for _, r in items), parents), actor=actor)
+        # After the upsert and the vanishing. Only the node's own report lifts a hold (the
+        # fleet loader's file, `connect=False`, is the operator's word on the hardware, not
+        # the node's on what runs on it).
+        node_reports_health_apply(
+            node_ids=ids if connect else [],
+            health=reported_health((r for _, r in items), parents),
+            actor=actor,
+        )
         _upsert_resources(items=items, ratios=ratios or {})
         if connect:
             _nodes_connect(ids=ids, locked=locked, actor=actor)
@@ -326,7 +335,9 @@ def _devices_vanish(*, existing: list[dict[str, Any]], want_uids: set[str]) -> i
             cursor.execute(
                 """
                 UPDATE inventory_device
-                   SET bookable = false, healthy = false, vanished_at = compute_now(), updated_at = now()
+                   SET bookable = false, healthy = false, vanished_at = compute_now(), updated_at = now(),
+                       -- Gone, not held: a device that comes back is restored healthy, as any other.
+                       node_hold = ''
                  WHERE id = ANY(%s)
                 """,
                 [gone],

@@ -191,13 +191,17 @@ def device_set_health(*, device: Device, healthy: bool, reason: str, actor: str)
     """Mark a device healthy or unhealthy; a partitioned GPU's MIG or slot atoms follow their parent.
 
     The atom rows change, which is what the placer locks `FOR SHARE` where
-    healthy and bookable (guard 4).
+    healthy and bookable (guard 4). The operator's word is the last one: a hold
+    the node put on the device (`Device.node_hold`) is dropped either way, so a
+    quarantine of a held GPU is not lifted by the node's next report.
     """
     if not healthy and not reason.strip():
         raise InvalidInput.field("reason", "marking a device unhealthy needs a reason")
     with transaction.atomic():
-        changed = Device.objects.filter(Q(pk=device.pk) | Q(parent_id=device.pk), healthy=not healthy).update(
-            healthy=healthy, updated_at=Now()
+        devices = Device.objects.filter(Q(pk=device.pk) | Q(parent_id=device.pk))
+        # Both in one UPDATE: the CHECK `device_hold_is_unhealthy` holds at every row.
+        changed = devices.filter(Q(healthy=not healthy) | ~Q(node_hold="")).update(
+            healthy=healthy, node_hold="", updated_at=Now()
         )
         if changed:
             audit_record(

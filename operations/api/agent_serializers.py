@@ -17,6 +17,10 @@ from reservations.models import DeliveryKind
 # The longest a long poll waits for a change before it answers with none.
 MAX_WAIT_MS = 30_000
 MAX_DELIVERY_ID = 2**63 - 1
+# A placement's bounds: more CPUs than any host has, NUMA node and CPU numbers as Linux counts them.
+MAX_PLACEMENT_CPUS = 4096
+MAX_PLACEMENT_NUMA_NODES = 1024
+MAX_CPU_NUMBER = 65535
 
 
 class RegisterInput(StrictSerializer):
@@ -60,6 +64,11 @@ class AssignmentsInput(NodeInput):
     )
 
 
+class ChangeNoticeOutput(serializers.Serializer):
+    givenAt = serializers.IntegerField(help_text="when the notice was given, ms since the epoch")
+    endsAt = serializers.IntegerField(help_text="when the reservation ends because of it, ms since the epoch")
+
+
 class ChangeOutput(serializers.Serializer):
     deliveryId = serializers.IntegerField()
     kind = serializers.ChoiceField(choices=DeliveryKind.values)
@@ -76,6 +85,14 @@ class ChangeOutput(serializers.Serializer):
     ratios = serializers.DictField(
         child=serializers.FloatField(), required=False, help_text="assign: the overcommit ratio per scalar"
     )
+    spot = serializers.BooleanField(
+        required=False, help_text="assign: the reservation is spot (it may be given a preemption notice)"
+    )
+    notice = ChangeNoticeOutput(
+        required=False,
+        help_text="a spot reservation's preemption notice, once given: the node writes it to the "
+        "workload's notice file; its end is the reservation's end",
+    )
 
 
 class AssignmentsOutput(serializers.Serializer):
@@ -86,10 +103,44 @@ class AssignmentsOutput(serializers.Serializer):
     changes = ChangeOutput(many=True)
 
 
+def _unique(values: list[int]) -> list[int]:
+    if len(set(values)) != len(values):
+        raise serializers.ValidationError("must not repeat a number")
+    return sorted(values)
+
+
+class PlacementInput(StrictSerializer):
+    """What the node gave an assignment's workload: its cgroup's CPUs and NUMA nodes."""
+
+    cpus = serializers.ListField(
+        child=StrictIntegerField(min_value=0, max_value=MAX_CPU_NUMBER),
+        max_length=MAX_PLACEMENT_CPUS,
+        help_text="the CPUs of the workload's cpuset (Linux CPU numbers), each once",
+    )
+    numaNodes = serializers.ListField(
+        child=StrictIntegerField(min_value=0, max_value=MAX_CPU_NUMBER),
+        max_length=MAX_PLACEMENT_NUMA_NODES,
+        help_text="the NUMA nodes of those CPUs (its cpuset.mems), each once",
+    )
+    gpuLocal = StrictBooleanField(help_text="true when every CPU is on a NUMA node of the booked GPUs")
+
+    def validate_cpus(self, value: list[int]) -> list[int]:
+        return _unique(value)
+
+    def validate_numaNodes(self, value: list[int]) -> list[int]:
+        return _unique(value)
+
+
 class AckInput(NodeInput):
     deliveryId = StrictIntegerField(min_value=1, max_value=MAX_DELIVERY_ID, source="delivery_id")
     accepted = StrictBooleanField()
     reason = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
+    placement = PlacementInput(
+        required=False,
+        help_text="with an accepted `assign`: the CPUs and NUMA nodes the node gave the workload "
+        "(`reservations/get` shows it per allocation); refused with `accepted: false`, "
+        "ignored on a `shorten`",
+    )
 
 
 class AckOutput(serializers.Serializer):

@@ -105,13 +105,19 @@ class NodeAgentViewSet(RpcViewSet):
         summary="The node's answer to one change: accepted, or refused with the reason (guard 6)",
         description=AGENTS
         + " A refused `assign` releases the reservation, as a refusal from any node does. The first "
-        "answer stands; answering again is answered with it. NOT_FOUND for a change of another node.",
+        "answer stands; answering again is answered with it. An accepted `assign` may carry the "
+        "`placement` the node gave the workload, kept on the reservation's allocation on that node "
+        "(INVALID_INPUT with `accepted: false`). NOT_FOUND for a change of another node.",
     )
     def ack(self, request: Request) -> Response:
         data = rpc_input(request, AckInput)
         node = self._found(request, data["node_id"])
         answer = node_change_answer(
-            node_id=node.pk, delivery_id=data["delivery_id"], accepted=data["accepted"], reason=data["reason"]
+            node_id=node.pk,
+            delivery_id=data["delivery_id"],
+            accepted=data["accepted"],
+            reason=data["reason"],
+            placement=data.get("placement"),
         )
         return rpc_output(
             AckOutput,

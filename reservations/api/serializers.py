@@ -36,11 +36,26 @@ class ReservationListInput(StrictSerializer):
     cursor = StrictCharField(max_length=512, required=False, allow_null=True)
 
 
+class PlacementOutput(serializers.Serializer):
+    cpus = serializers.ListField(
+        child=serializers.IntegerField(), help_text="the CPUs the node pinned the workload to"
+    )
+    numaNodes = serializers.ListField(
+        child=serializers.IntegerField(), help_text="the NUMA nodes of those CPUs (their memory)"
+    )
+    gpuLocal = serializers.BooleanField(help_text="true when every CPU is on a NUMA node of the booked GPUs")
+
+
 class AllocationOutput(serializers.Serializer):
     id = serializers.CharField()
     nodeId = serializers.CharField()
     atoms = serializers.ListField(child=serializers.CharField())
     resources = serializers.DictField(child=serializers.IntegerField())
+    placement = PlacementOutput(
+        allow_null=True,
+        help_text="where the node's agent put the workload, as it said when it accepted the assignment; "
+        "null until it says (or on a node without an agent)",
+    )
 
 
 class NoticeOutput(serializers.Serializer):

@@ -12,7 +12,14 @@ and answers again what it had answered.
 The node's refusal (guard 6) is its answer `accepted: false` to an "assign". The
 answer is recorded, and `assignment_refused` is sent in the same transaction,
 exactly as a refusal from the daemon is: the reservation is released, and its
-"shorten" reaches every node of it, the agent's included.
+"shorten" reaches every node of it, the agent's included. Its acceptance may
+say where the node put the workload (its cgroup's CPUs and NUMA nodes): that
+`placement` is kept on the reservation's allocation on the node.
+
+A change carries what the node needs to enforce the booking: an "assign" says
+whether the reservation is spot, and a spot reservation's changes, once its
+preemption notice is given, carry the notice (the node writes it where the
+workload reads it).
 """
 
 from __future__ import annotations
@@ -26,10 +33,10 @@ from typing import Any
 from django.db import connection, transaction
 
 from core.clock import to_millis
-from core.errors import NotFound
+from core.errors import InvalidInput, NotFound
 from reservations.delivery.daemon import AllocationFailed
 from reservations.delivery.signals import assignment_refused
-from reservations.models import DeliveryKind, NodeChange, Reservation
+from reservations.models import Allocation, DeliveryKind, NodeChange, Reservation
 
 # The channel an agent's long poll waits on; the payload is the node's id.
 NODE_CHANGES_CHANNEL = "node_changes"
@@ -152,9 +159,21 @@ def _write(node_id: str, reservation_id: str, kind: str, window: dict[str, Any] 
     elif start is None:
         # No booking left on the node: the end is the start, which removes the holding.
         payload |= {"start": 0, "end": 0}
+    payload |= _spot_terms(reservation_id, kind)
     NodeChange.objects.create(node_id=node_id, reservation_id=reservation_id, kind=kind, payload=payload)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [NODE_CHANGES_CHANNEL, node_id])
+
+
+def _spot_terms(reservation_id: str, kind: str) -> dict[str, Any]:
+    """An assign's `spot`, and a noticed spot reservation's `notice` (on an assign or a shorten)."""
+    spot, notice_at, notice_ends_at = (
+        Reservation.objects.filter(pk=reservation_id).values_list("spot", "notice_at", "notice_ends_at").get()
+    )
+    terms: dict[str, Any] = {"spot": spot} if kind == DeliveryKind.ASSIGN else {}
+    if spot and notice_at is not None:
+        terms["notice"] = {"givenAt": to_millis(notice_at), "endsAt": _ms(notice_ends_at)}
+    return terms
 
 
 def _cut_holders(node_id: str, reservation_id: str, atoms: list[str]) -> list[str]:
@@ -198,12 +217,20 @@ class ChangeAnswer:
     reason: str
 
 
-def node_change_answer(*, node_id: str, delivery_id: int, accepted: bool, reason: str) -> ChangeAnswer:
+def node_change_answer(
+    *, node_id: str, delivery_id: int, accepted: bool, reason: str, placement: dict[str, Any] | None = None
+) -> ChangeAnswer:
     """Record the node's answer to one change; a refused "assign" releases the reservation (guard 6).
 
     The first answer stands: answering again (an agent that lost the server's
-    reply) changes nothing and is answered with what was recorded.
+    reply) changes nothing and is answered with what was recorded. The
+    `placement` of an accepted "assign" (`{cpus, numaNodes, gpuLocal}`) is kept
+    on the reservation's allocation on the node, replacing what an earlier
+    assign's answer said; on a "shorten" it is ignored (the node sends it with
+    assigns only). A placement with a refusal is INVALID_INPUT.
     """
+    if placement is not None and not accepted:
+        raise InvalidInput.field("placement", "only an accepted assignment has a placement")
     with transaction.atomic():
         change = NodeChange.objects.select_for_update().filter(pk=delivery_id, node_id=node_id).first()
         if change is None:
@@ -215,6 +242,10 @@ def node_change_answer(*, node_id: str, delivery_id: int, accepted: bool, reason
                 "UPDATE reservations_nodechange SET answered_at = compute_now(), accepted = %s, reason = %s"
                 " WHERE id = %s",
                 [accepted, reason, delivery_id],
+            )
+        if placement is not None and change.kind == DeliveryKind.ASSIGN:
+            Allocation.objects.filter(reservation_id=change.reservation_id, node_id=node_id).update(
+                placement=dict(placement)
             )
         live = Reservation.objects.filter(pk=change.reservation_id, state__in=["scheduled", "active"])
         if not accepted and change.kind == DeliveryKind.ASSIGN and live.exists():

@@ -44,15 +44,18 @@ def reported(client: APIClient, node_id: str, hostname: str = "gpu-x-001", gpus:
     assert status == 200, answer
 
 
-def create(client: APIClient, pool: Pool, key: str, count: int = 1) -> dict[str, Any]:
-    body = {
+def body_for(pool: Pool, key: str, count: int = 1) -> dict[str, Any]:
+    return {
         "tenantId": pool.owner_id,
         "poolId": pool.pk,
         "devices": [{"class": "gpu", "count": count}],
         "duration": 3600,
         "idempotencyKey": key,
     }
-    status, answer = post_json(client, "reservations/create", body)
+
+
+def create(client: APIClient, pool: Pool, key: str, count: int = 1) -> dict[str, Any]:
+    status, answer = post_json(client, "reservations/create", body_for(pool, key, count))
     assert status == 201, answer
     return answer
 
@@ -225,3 +228,108 @@ def test_a_waiting_long_poll_answers_when_a_change_commits(owner_tenant: Tenant)
     started = time.monotonic()
     assert changes(client, node_id, after=found[0]["deliveryId"], wait_ms=300) == []
     assert time.monotonic() - started >= 0.3
+
+
+# --- What the node gave the workload (`placement`), and what a spot workload is told ------
+
+PLACEMENT = {"cpus": [3, 1, 2, 0, 8], "numaNodes": [0], "gpuLocal": True}
+
+
+def allocation_placement(client: APIClient, pool: Pool, reservation_id: str) -> Any:
+    body = {"tenantId": pool.owner_id, "reservationId": reservation_id}
+    status, answer = post_json(client, "reservations/get", body)
+    assert status == 200, answer
+    (allocation,) = answer["allocations"]
+    return allocation["placement"]
+
+
+def test_an_accepted_assign_keeps_the_placement_and_reservations_get_shows_it(
+    pool: Pool, owner_client: APIClient
+) -> None:
+    client = agent_for(pool)
+    node_id = registered(client, pool)
+    reported(client, node_id)
+    made = create(owner_client, pool, "agent-p1")
+    assert made["allocations"][0]["placement"] is None
+    assert allocation_placement(owner_client, pool, made["id"]) is None
+    (assign,) = changes(client, node_id)
+    ack = {"nodeId": node_id, "deliveryId": assign["deliveryId"], "accepted": True, "placement": PLACEMENT}
+    status, answer = post_json(client, "nodes/ack", ack)
+    assert (status, answer["accepted"]) == (200, True)
+    shown = {"cpus": [0, 1, 2, 3, 8], "numaNodes": [0], "gpuLocal": True}
+    assert allocation_placement(owner_client, pool, made["id"]) == shown
+    # The first answer stands: answering again with another placement changes nothing.
+    other = {"cpus": [100], "numaNodes": [1], "gpuLocal": False}
+    status, _ = post_json(client, "nodes/ack", {**ack, "placement": other})
+    assert status == 200
+    assert allocation_placement(owner_client, pool, made["id"]) == shown
+    # A shorten's answer carries none; one given is ignored.
+    post_json(owner_client, "reservations/release", {"tenantId": pool.owner_id, "reservationId": made["id"]})
+    (shorten,) = changes(client, node_id, after=assign["deliveryId"])
+    ack = {"nodeId": node_id, "deliveryId": shorten["deliveryId"], "accepted": True, "placement": other}
+    status, _ = post_json(client, "nodes/ack", ack)
+    assert status == 200
+    assert allocation_placement(owner_client, pool, made["id"]) == shown
+
+
+@pytest.mark.parametrize(
+    ("placement", "accepted", "field"),
+    [
+        ({**PLACEMENT, "memory": 1}, True, "placement.memory"),
+        ({**PLACEMENT, "cpus": [0, 1, 1]}, True, "placement.cpus"),
+        ({**PLACEMENT, "numaNodes": [0, 0]}, True, "placement.numaNodes"),
+        ({**PLACEMENT, "cpus": [0, -1]}, True, "placement.cpus[1]"),
+        ({**PLACEMENT, "cpus": "0-3"}, True, "placement.cpus"),
+        ({**PLACEMENT, "gpuLocal": "yes"}, True, "placement.gpuLocal"),
+        ({"cpus": [0]}, True, "placement.numaNodes"),
+        ("0-3", True, "placement"),
+        (PLACEMENT, False, "placement"),
+    ],
+)
+def test_a_placement_of_another_shape_is_refused_and_changes_nothing(
+    pool: Pool, owner_client: APIClient, placement: Any, accepted: bool, field: str
+) -> None:
+    client = agent_for(pool)
+    node_id = registered(client, pool)
+    reported(client, node_id)
+    made = create(owner_client, pool, "agent-p2")
+    (assign,) = changes(client, node_id)
+    ack = {
+        "nodeId": node_id,
+        "deliveryId": assign["deliveryId"],
+        "accepted": accepted,
+        "placement": placement,
+    }
+    status, body = post_json(client, "nodes/ack", ack)
+    assert_error(status, body, "INVALID_INPUT", 400)
+    assert field in [detail["field"] for detail in body["error"]["details"]]
+    assert NodeChange.objects.get(pk=assign["deliveryId"]).answered_at is None
+    assert Reservation.objects.get(pk=made["id"]).state == "active"
+    assert allocation_placement(owner_client, pool, made["id"]) is None
+
+
+def test_a_change_says_whether_the_reservation_is_spot_and_carries_its_notice(
+    pool: Pool, owner_client: APIClient
+) -> None:
+    Pool.objects.filter(pk=pool.pk).update(notice_seconds=600)
+    client = agent_for(pool)
+    node_id = registered(client, pool)
+    reported(client, node_id, gpus=1)
+    spot = post_json(owner_client, "reservations/create", {**body_for(pool, "agent-s1"), "spot": True})[1]
+    (assign,) = changes(client, node_id)
+    assert (assign["reservationId"], assign["spot"]) == (spot["id"], True) and "notice" not in assign
+    # A regular reservation displaces the spot one: the spot's shorten carries the notice.
+    regular = create(owner_client, pool, "agent-s2")
+    told = changes(client, node_id, after=assign["deliveryId"])
+    assert [(c["kind"], c["reservationId"]) for c in told] == [
+        ("shorten", spot["id"]),
+        ("assign", regular["id"]),
+    ]
+    shorten, regular_assign = told
+    status, got = post_json(
+        owner_client, "reservations/get", {"tenantId": pool.owner_id, "reservationId": spot["id"]}
+    )
+    assert status == 200, got
+    assert shorten["notice"] == {"givenAt": got["notice"]["at"], "endsAt": got["notice"]["endsAt"]}
+    assert shorten["end"] == got["notice"]["endsAt"] == got["end"]
+    assert regular_assign["spot"] is False and "notice" not in regular_assign

@@ -1,4 +1,4 @@
-"""The reservations admin: a release with a reason, and the list's filters."""
+"""The reservations admin: a release with a reason, the list's filters, and each allocation's placement."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from django.urls import reverse
 from core.models import AuditEvent
 from inventory.models import Node, Pool
 from reservations.models import Reservation
-from tests.support.admin import messages_of
-from tests.support.factories import ReservationFactory
+from tests.support.admin import links_of, messages_of
+from tests.support.factories import AllocationFactory, NodeFactory, ReservationFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -51,3 +51,22 @@ def test_reservation_list_filters_by_pool_tenant_and_state(operator: Client, own
     html = operator.get(url, {"tenant__id__exact": owned_pool.owner_id}).content.decode()
     assert mine.pk in html and other.pk not in html
     assert Reservation.objects.count() == 2
+
+
+def test_the_reservation_page_shows_where_each_node_put_the_workload(
+    operator: Client, gpu_node: Node
+) -> None:
+    reservation = ReservationFactory(pool=gpu_node.pool, tenant=gpu_node.pool.owner, state="active")
+    placed = {"cpus": [*range(16), 32, 33], "numaNodes": [0], "gpuLocal": True}
+    AllocationFactory(reservation=reservation, node=gpu_node, placement=placed)
+    other = NodeFactory(pool=gpu_node.pool, hostname="gpu-a-002")
+    AllocationFactory(reservation=reservation, node=other)
+    listing = operator.get(reverse("admin:reservations_reservation_changelist")).content.decode()
+    (link,) = [href for href in links_of(listing) if href.endswith("/change/")]
+    page = operator.get(link)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert reservation.pk in html
+    assert "CPUs 0-15,32-33 · NUMA 0 · local to its GPUs" in html
+    # A node that has not said where it put the workload (or has no agent) shows that.
+    assert "not reported" in html
