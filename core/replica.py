@@ -255,3 +255,29 @@ def replica_health() -> dict[str, Any] | None:
         "maxLagSeconds": max_lag_seconds(),
         "reason": state.reason or None,
     }
+
+
+_WRITES_SQL = """
+SELECT host(inet_server_addr()), inet_server_port(), pg_is_in_recovery(),
+       (SELECT timeline_id FROM pg_control_checkpoint())
+"""
+
+
+def writes_health() -> dict[str, Any]:
+    """Where writes go now: the server the `default` connection reaches, and whether it takes writes.
+
+    Behind a pooler and a balancer that follows the leader (`make cluster`)
+    this is the member that leads, by its address; its timeline moves on at
+    each failover or switchover. A socket connection has no address (`to`: the
+    socket). `accepting` is False when that server is a standby (a leader being
+    demoted): the writes sent there are refused until the balancer moves.
+    Raises DatabaseError when the database does not reply.
+    """
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute(_WRITES_SQL)
+        host, port, in_recovery, timeline = cursor.fetchone()
+    return {
+        "to": f"{host}:{port}" if host else "socket",
+        "accepting": not in_recovery,
+        "timeline": timeline,
+    }

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template.response import TemplateResponse
 
-from core.replica import replica_health
+from core.replica import replica_health, writes_health
 from core.worker_status import JobStatus, WorkerStatus, worker_status
 
 
@@ -55,20 +55,28 @@ def healthz(request: HttpRequest) -> JsonResponse:
     that (the rules: `core.worker_status`). The answer carries each job's last
     success and lag. It reads no tenant data. With a replica configured it also
     says where the reads that may lag go now (`replica.readsFrom`) and why.
+    `writes` says where the writes go (`to`: the server's address, the
+    leader's in a cluster, with its `timeline`); a 503 when that server does
+    not take writes (a standby: a failover is under way).
     """
     try:
         status = worker_status()
+        writes = writes_health()
     except DatabaseError as error:
         return JsonResponse(
             {"status": "unavailable", "reason": f"database: {error.__class__.__name__}"}, status=503
         )
     worker = _worker_json(status)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"writes": writes}
     # With a replica configured: where the reads that may lag go now, and why (a replica that
     # is down or lags is not a 503: those reads are answered by the primary meanwhile).
     replica = replica_health()
     if replica is not None:
         extra["replica"] = replica
+    if not writes["accepting"]:
+        reason = f"database: {writes['to']} does not take writes (a standby)"
+        body = {"status": "unavailable", "reason": reason, "worker": worker, **extra}
+        return JsonResponse(body, status=503)
     if not status.healthy:
         return JsonResponse(
             {"status": "unavailable", "reason": status.reason, "worker": worker, **extra}, status=503

@@ -66,16 +66,30 @@ class _Listener:
         )
 
     def _run(self) -> None:
+        reconnecting = False
         while True:
             try:
                 with psycopg.connect(self._conninfo(), autocommit=True) as conn:
                     conn.execute(f"LISTEN {RELEASE_CHANNEL}")
                     self._ready.set()
+                    if reconnecting:
+                        # Whatever was released while no connection listened: every waiter looks again.
+                        self._wake_all()
+                    reconnecting = True
                     for notify in conn.notifies():
                         self._wake(notify.payload)
+            except (psycopg.Error, OSError) as exc:
+                reconnecting = True
+                # The primary went away (a failover: the direct URL follows the new leader) or
+                # restarted. Every waiter wakes and tries once more, so a release that committed
+                # while nobody listened is not missed; nothing is lost but promptness.
+                logger.warning("the capacity wait listener lost its connection (%s); reconnecting", exc)
+                self._ready.clear()
+                self._wake_all()
+                time.sleep(LISTENER_RETRY_SECONDS)
             except Exception:
-                # Waiters fall back on their own deadline; nothing is lost but promptness.
-                logger.exception("the capacity wait listener lost its connection; reconnecting")
+                reconnecting = True
+                logger.exception("the capacity wait listener failed; reconnecting")
                 self._ready.clear()
                 self._wake_all()
                 time.sleep(LISTENER_RETRY_SECONDS)

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db import connections
 
 from reservations.delivery.agent import NODE_CHANGES_CHANNEL
@@ -31,7 +32,10 @@ RECONNECT_SECONDS = 1.0
 
 
 def _conninfo() -> dict[str, Any]:
-    params = connections["default"].get_connection_params()
+    # Behind a transaction pooler, the `direct` alias (DATABASE_DIRECT_URL) reaches the primary
+    # itself: in a cluster, HAProxy's leader frontend, so the LISTEN follows a failover.
+    alias = "direct" if "direct" in settings.DATABASES else "default"
+    params = connections[alias].get_connection_params()
     return {key: params[key] for key in _CONNECT_KEYS if params.get(key)}
 
 

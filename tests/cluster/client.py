@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -61,8 +63,27 @@ class Cluster:
         answer: dict[str, Any] = requests.get(f"{self.base_url}/healthz", timeout=REQUEST_TIMEOUT).json()
         return answer
 
-    def sql(self, query: str, *, replica: bool = False) -> list[tuple[Any, ...]]:
-        port = self.primary_port + (1 if replica else 0)
+    def state(self) -> dict[str, Any]:
+        """What the launcher keeps of the cluster (`state.json`): pids and ports."""
+        state: dict[str, Any] = json.loads((Path(self.env["CLUSTER_DIR"]) / "state.json").read_text())
+        return state
+
+    def members(self) -> list[dict[str, Any]]:
+        """Patroni's view: `patronictl list` as JSON (name, role, state, lag)."""
+        result = subprocess.run(
+            [sys.executable, "-m", "config.cluster", "status", "--json"],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        members: list[dict[str, Any]] = json.loads(result.stdout)
+        return members
+
+    def sql(self, query: str, *, replica: bool = False, port: int | None = None) -> list[tuple[Any, ...]]:
+        """On the leader (HAProxy's leader frontend), a standby (`replica`), or the server on `port`."""
+        port = port or self.primary_port + (1 if replica else 0)
         with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
             cursor = conn.execute(query)
             return cursor.fetchall() if cursor.description else []

@@ -41,7 +41,7 @@ def _launcher(*args: str, env: dict[str, str]) -> None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    """Up once for the session (about 15 s), stopped and removed at the end whatever happened."""
+    """Up once for the session (about 25 s), stopped and removed at the end whatever happened."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "DJANGO_SETTINGS"))}
     env |= {
         "CLUSTER_DIR": str(CLUSTER_DIR),
@@ -51,6 +51,11 @@ def cluster() -> Iterator[Cluster]:
         # Small bounds, so the tests see a lagging replica and the end of read-your-writes quickly.
         "DATABASE_REPLICA_MAX_LAG_SECONDS": "2",
         "DATABASE_REPLICA_CHECK_SECONDS": "0.5",
+        # Tight Patroni timings (its defaults: 30, 10, 10), so a failover takes seconds, not half a
+        # minute; loop_wait + 2 * retry_timeout stays within ttl, as Patroni needs.
+        "CLUSTER_PATRONI_TTL": "10",
+        "CLUSTER_PATRONI_LOOP_WAIT": "1",
+        "CLUSTER_PATRONI_RETRY_TIMEOUT": "4",
     }
     cluster = Cluster(env=env, launcher=lambda *args: _launcher(*args, env=env))
     try:
