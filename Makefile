@@ -8,7 +8,7 @@ PORT ?= 8000
 AGENTS_PORT ?= 8001
 DEMO_FLEET := fleets/demo.json
 
-.PHONY: run test lint fmt bench soak db-stop clean venv architecture openapi cluster cluster-stop soak-cluster bench-cluster
+.PHONY: run test lint fmt bench soak db-stop clean venv architecture openapi cluster cluster-stop cluster-status backup restore soak-cluster bench-cluster
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -83,17 +83,33 @@ bench: $(STAMP)
 soak: $(STAMP)
 	SOAK=1 $(BIN)/pytest tests/guarantees/test_capacity_concurrency.py tests/guarantees/test_schema_truth.py
 
-# Several machines' worth on this one (docs/scaling.md): a primary, a streaming replica,
-# PgBouncer (transaction mode), three API replicas behind HAProxy, the worker on a direct
-# connection; all in .cluster/ on their own ports. Ctrl-C stops it; cluster-stop cleans up.
+# Several machines' worth on this one (docs/scaling.md, docs/operations.md): two PostgreSQL
+# members under Patroni (etcd, synchronous replication, automatic failover), pgBackRest
+# archiving the WAL, HAProxy routing to the leader by Patroni's checks, PgBouncer
+# (transaction mode), three API replicas behind HAProxy, the worker; all in .cluster/ on
+# their own ports. Ctrl-C stops it; cluster-stop cleans up.
 cluster: $(STAMP) .env
 	$(BIN)/python -m config.cluster up
 
 cluster-stop: $(STAMP)
 	$(BIN)/python -m config.cluster stop
 
-# The tests through a cluster of its own (.cluster-test/, other ports), with its faults:
-# an API replica killed, the streaming replica stopped and started.
+# Patroni's view of the running cluster: patronictl list.
+cluster-status: $(STAMP)
+	$(BIN)/python -m config.cluster status
+
+# A full backup of the running cluster (pgBackRest, from the leader; the WAL is archived always).
+backup: $(STAMP)
+	$(BIN)/python -m config.cluster backup
+
+# Recover the backups and the WAL up to TARGET_TIME (the end of the archive without one) into
+# .cluster/restored/, with a PostgreSQL and an API of its own on it: make restore TARGET_TIME='2026-01-31 12:00:00+00'
+restore: $(STAMP)
+	$(BIN)/python -m config.cluster restore $(if $(TARGET_TIME),--target-time "$(TARGET_TIME)")
+
+# The tests through a cluster of its own (.cluster-test/, other ports), with its faults: an
+# API replica killed, the standby stopped and started, the leader SIGKILLed under load and a
+# switchover (Patroni fails over), a backup restored to a point in time.
 soak-cluster: $(STAMP)
 	CLUSTER=1 $(BIN)/pytest -m cluster tests/cluster
 

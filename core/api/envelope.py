@@ -8,10 +8,12 @@ never reaches a view is answered in the same envelope.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import DisallowedHost, RequestDataTooBig, SuspiciousOperation
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponsePermanentRedirect, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
@@ -69,8 +71,50 @@ def _body_error(message: str) -> Response:
     return error_response("INVALID_INPUT", f"body: {message}", 400, [{"field": "body", "message": message}])
 
 
+# How long a client waits before sending a request again that met a database going away.
+DATABASE_RETRY_AFTER_SECONDS = 1
+# SQLSTATEs a server answers while it stops, starts or is no longer the primary: 25006
+# read_only_sql_transaction (a demoted leader), 57P01 admin_shutdown, 57P02 crash_shutdown,
+# 57P03 cannot_connect_now; and class 08, the connection exceptions.
+_LOST_PRIMARY_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """The database connection died or its server stopped being the primary: a failover, not a bug.
+
+    Django raises OperationalError or InterfaceError for a connection lost,
+    refused or already closed; a statement sent to a leader Patroni is
+    demoting fails with one of `_LOST_PRIMARY_STATES`.
+    """
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return True
+    if not isinstance(exc, DatabaseError):
+        return False
+    state = getattr(exc.__cause__, "sqlstate", None) or ""
+    return state in _LOST_PRIMARY_STATES or state.startswith("08")
+
+
+def database_unavailable_response(exc: BaseException) -> Response:
+    """503 with `Retry-After`: the request may have committed or not; its idempotencyKey makes a retry safe.
+
+    Logged as one warning line, not a traceback: it is the expected answer
+    while the database fails over, and says which error it was.
+    """
+    logger.warning("database unavailable, answered 503: %s: %s", type(exc).__name__, str(exc).strip()[:200])
+    response = error_response(
+        "INTERNAL",
+        "the database is unavailable (failing over); send the request again after Retry-After seconds,"
+        " a create with the same idempotencyKey",
+        503,
+    )
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+    return response
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """Render every error, from every method, in the contract's envelope."""
+    if database_unavailable(exc):
+        return database_unavailable_response(exc)
     if isinstance(exc, DomainError):
         response = error_response(exc.code, exc.message, exc.status, exc.details)
         retry_after = getattr(exc, "retry_after", None)
@@ -172,8 +216,17 @@ def handler400(request: HttpRequest, exception: Exception | None = None) -> Any:
 
 
 def handler500(request: HttpRequest) -> Any:
-    """An error outside a view (middleware, URL resolution): JSON for `/api/`, never a traceback."""
+    """An error outside a view (middleware, URL resolution): JSON for `/api/`, never a traceback.
+
+    A database connection lost there (a failover) is the same 503 as in a view.
+    """
     if _is_api_path(request):
+        error = sys.exc_info()[1]
+        if error is not None and database_unavailable(error):
+            answer = database_unavailable_response(error)
+            response = JsonResponse(answer.data, status=503)
+            response["Retry-After"] = answer["Retry-After"]
+            return response
         return JsonResponse(error_body("INTERNAL", "internal error"), status=500)
     from django.views.defaults import server_error
 
