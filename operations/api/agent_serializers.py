@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from core.api.fields import (
@@ -103,32 +105,41 @@ class AssignmentsOutput(serializers.Serializer):
     changes = ChangeOutput(many=True)
 
 
-def _unique(values: list[int]) -> list[int]:
-    if len(set(values)) != len(values):
-        raise serializers.ValidationError("must not repeat a number")
-    return sorted(values)
+class NumberSetField(serializers.ListField):
+    """Distinct CPU or NUMA node numbers, kept sorted; the schema says `uniqueItems`, as the server checks."""
+
+    def __init__(self, *, max_length: int, **kwargs: Any) -> None:
+        super().__init__(
+            child=StrictIntegerField(min_value=0, max_value=MAX_CPU_NUMBER), max_length=max_length, **kwargs
+        )
+
+    def to_internal_value(self, data: Any) -> list[int]:
+        values = super().to_internal_value(data)
+        if len(set(values)) != len(values):
+            raise serializers.ValidationError("must not repeat a number")
+        return sorted(values)
+
+    def openapi_schema(self) -> dict[str, Any]:
+        return {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": MAX_CPU_NUMBER},
+            "maxItems": self.max_length,
+            "uniqueItems": True,
+        }
 
 
 class PlacementInput(StrictSerializer):
     """What the node gave an assignment's workload: its cgroup's CPUs and NUMA nodes."""
 
-    cpus = serializers.ListField(
-        child=StrictIntegerField(min_value=0, max_value=MAX_CPU_NUMBER),
+    cpus = NumberSetField(
         max_length=MAX_PLACEMENT_CPUS,
         help_text="the CPUs of the workload's cpuset (Linux CPU numbers), each once",
     )
-    numaNodes = serializers.ListField(
-        child=StrictIntegerField(min_value=0, max_value=MAX_CPU_NUMBER),
+    numaNodes = NumberSetField(
         max_length=MAX_PLACEMENT_NUMA_NODES,
         help_text="the NUMA nodes of those CPUs (its cpuset.mems), each once",
     )
     gpuLocal = StrictBooleanField(help_text="true when every CPU is on a NUMA node of the booked GPUs")
-
-    def validate_cpus(self, value: list[int]) -> list[int]:
-        return _unique(value)
-
-    def validate_numaNodes(self, value: list[int]) -> list[int]:
-        return _unique(value)
 
 
 class AckInput(NodeInput):

@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api.rpc import RpcViewSet, rpc_action, rpc_input, rpc_output
+from core.api.schema import Rule
 from core.authentication import actor_of, principal_of
 from core.decisions import INVENTORY_REPORT, decide_node, decide_node_scope
 from inventory.models import Node
@@ -32,6 +33,9 @@ from operations.api.serializers import NodeInput
 from reservations.delivery.agent import node_change_answer, node_changes_wait
 
 AGENTS = "Node agents (platform `node-agent`, `compute:inventory:report`) and operators."
+
+# What the document cannot say of an ack: a refusal has no placement.
+PLACEMENT_RULE = Rule(("placement",), "a placement comes only with `accepted: true`")
 
 
 class NodeAgentViewSet(RpcViewSet):
@@ -102,6 +106,7 @@ class NodeAgentViewSet(RpcViewSet):
         "ack",
         request=AckInput,
         response=AckOutput,
+        rules=(PLACEMENT_RULE,),
         summary="The node's answer to one change: accepted, or refused with the reason (guard 6)",
         description=AGENTS
         + " A refused `assign` releases the reservation, as a refusal from any node does. The first "
