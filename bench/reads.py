@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.clock import Clock
+from bench.metrics import scrape_measure
 
 READ_SAMPLES = 200
 PREVIEW_SAMPLES = 25
@@ -86,6 +87,9 @@ def reads_measure(
             body=lambda i: {"tenantId": tenant, "poolId": pool_id},
             n=READ_SAMPLES,
         ).as_dict()
+    with clock.step(f"{nodes} nodes: GET /metrics x{READ_SAMPLES}"):
+        # Prometheus's scrape, from loopback (allowed without a token), as one Prometheus would.
+        out["metrics scrape"] = scrape_measure(port=port, n=READ_SAMPLES)
     with clock.step(f"{nodes} nodes: preview x{PREVIEW_SAMPLES} per shape"):
         out["preview"] = {}
         for name, body in _preview_bodies(tenant, pool_id).items():

@@ -30,6 +30,8 @@ PREVIEW_SELECTOR_GROWTH = 1.5
 LOST_RACES_SHARE = 0.02
 # Issue 15's planning answers.
 EARLIEST_P50_MS = 200.0
+# Issue 26: one Prometheus scrape of GET /metrics.
+SCRAPE_P50_MS = 20.0
 
 Row = tuple[str, str, str]
 
@@ -175,6 +177,15 @@ def _whole_fleet_rows(big: dict[str, Any]) -> list[Row]:
                 f"`usage/hourly` one tenant, 31 days p50 ≤ {USAGE_MS:.0f} ms",
                 f"p50 {usage['p50_ms']:.1f} ms ({usage.get('rows')} rows)",
                 _verdict(usage["p50_ms"] <= USAGE_MS),
+            )
+        )
+    scrape = big["reads"].get("metrics scrape")
+    if scrape is not None:
+        rows.append(
+            (
+                f"`GET /metrics` (one Prometheus scrape) p50 ≤ {SCRAPE_P50_MS:.0f} ms",
+                f"p50 {scrape['p50_ms']:.1f} ms ({scrape['lines']:,} lines)",
+                _verdict(scrape["p50_ms"] <= SCRAPE_P50_MS),
             )
         )
     rss = max(big["peak_rss_mb"].values()) if big["peak_rss_mb"] else 0.0

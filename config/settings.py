@@ -66,6 +66,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Nodes are told about a create or a release after its response has gone out.
     "reservations.api.middleware.DeliverAfterResponse",
+    # API answers counted by method and status, and each create's outcome (GET /metrics).
+    "operations.metrics.middleware.MetricsMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -219,3 +221,7 @@ LOGGING = {
     # root's, every line would print twice. One handler: the root's.
     "loggers": {"django": {"handlers": [], "propagate": True}},
 }
+
+# GET /metrics (operations/metrics): answered without a token to a peer in these networks
+# (the TCP peer; X-Forwarded-For is never believed), and to a `metrics` role token from anywhere.
+METRICS_ALLOWED_NETS = env.list("METRICS_ALLOWED_NETS", default=["127.0.0.1/32", "::1/128"])

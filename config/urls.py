@@ -1,4 +1,4 @@
-"""The URLs: the landing page, `/healthz`, the admin, the API under `/api/compute/`, its schema and docs."""
+"""The URLs: the landing page, `/healthz`, `/metrics`, the admin, the API under `/api/compute/`, its docs."""
 
 from django.contrib import admin
 from django.urls import include, path, re_path
@@ -6,10 +6,13 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.api.envelope import api_not_found, api_read_only
 from core.views import admin_index, healthz, landing
+from operations.metrics.views import MetricsView
 
 urlpatterns = [
     path("", landing, name="landing"),
     path("healthz", healthz, name="healthz"),
+    # Prometheus's scrape (operations/metrics): a peer in METRICS_ALLOWED_NETS or a metrics token.
+    path("metrics", MetricsView.as_view(), name="metrics"),
     # The admin's index, with the worker's status (its lag per job) above the apps;
     # every other admin page is the admin's own.
     path("admin/", admin.site.admin_view(admin_index), name="admin-index"),

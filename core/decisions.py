@@ -24,6 +24,8 @@ NODES_OPERATE = "compute:nodes:operate"
 INVENTORY_REPORT = "compute:inventory:report"
 # Pools and offerings: create, change, archive, withdraw (`pools/*`, `offerings/*`).
 POOLS_MANAGE = "compute:pools:manage"
+# The Prometheus scrape (`GET /metrics`): the fleet's numbers, every tenant's pools among them.
+METRICS_READ = "compute:metrics:read"
 
 # The permissions whose methods change something: counted against the write rate limits.
 WRITE_PERMISSIONS = frozenset({RESERVATIONS_WRITE})
@@ -35,16 +37,17 @@ ROLES_HOLDING: dict[str, frozenset[str]] = {
     NODES_OPERATE: frozenset({Role.OPERATOR}),
     INVENTORY_REPORT: frozenset({Role.NODE_AGENT, Role.OPERATOR}),
     POOLS_MANAGE: frozenset({Role.OPERATOR}),
+    METRICS_READ: frozenset({Role.METRICS}),
 }
 
 # Node operations and node reports act on the platform's machines: only a
 # platform binding may grant them.
-PLATFORM_ONLY = frozenset({NODES_OPERATE, INVENTORY_REPORT, POOLS_MANAGE})
+PLATFORM_ONLY = frozenset({NODES_OPERATE, INVENTORY_REPORT, POOLS_MANAGE, METRICS_READ})
 
 # Only these roles mean anything on the platform. A platform binding of a
 # viewer or member (which `token_issue` refuses, but a hand-made row could
 # hold) must not silently cover every tenant.
-PLATFORM_ROLES = frozenset({Role.OPERATOR, Role.NODE_AGENT})
+PLATFORM_ROLES = frozenset({Role.OPERATOR, Role.NODE_AGENT, Role.METRICS})
 
 # The answer for a node outside a narrowed credential's scope, and for one that
 # does not exist: a node agent learns nothing about nodes it was not issued for.

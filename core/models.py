@@ -30,6 +30,8 @@ class Role(models.TextChoices):
     MEMBER = "member"
     OPERATOR = "operator"
     NODE_AGENT = "node-agent"
+    # Scrapes `GET /metrics` and nothing else (operations/metrics).
+    METRICS = "metrics"
 
 
 class Principal(models.Model):

@@ -18,7 +18,7 @@ from core.models import ApiToken, AuditEvent, Principal, Role, RoleBinding, Tena
 
 # Roles that act on the platform's machines or on every tenant: bound to the
 # platform, never to one tenant (a tenant-bound operator would be a surprise).
-PLATFORM_ROLES = frozenset({Role.OPERATOR, Role.NODE_AGENT})
+PLATFORM_ROLES = frozenset({Role.OPERATOR, Role.NODE_AGENT, Role.METRICS})
 # Roles that only make sense inside one tenant.
 TENANT_ROLES = frozenset({Role.VIEWER, Role.MEMBER})
 

@@ -27,6 +27,7 @@ notice a displacing option gives spot reservations `reservations.placer.notice`'
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -59,6 +60,10 @@ MAX_REPLANS = 3
 # commit, so tests can hold a placement open while another transaction acts.
 # Points: "before_node_lock", "after_locks".
 HOOKS: list[Callable[[str, str], None]] = []
+# Told of each placement, as (event, seconds): ("placement", its time) once per create, fitted or
+# not, and ("replan", 0.0) per spent shortlist planned again. The metrics listen (operations.metrics),
+# so the placer knows nothing of who counts.
+OBSERVERS: list[Callable[[str, float], None]] = []
 
 _LOCK_NOT_AVAILABLE = "55P03"
 
@@ -322,12 +327,28 @@ def placement_commit(
     it then starts when the spot notice ends and the spot reservations it takes
     atoms from are cut to end then.
     """
+    started = time.perf_counter()
+    try:
+        return _placement_commit(reservation=reservation, request=request, pool=pool, window=window)
+    finally:
+        _observe("placement", time.perf_counter() - started)
+
+
+def _observe(event: str, seconds: float) -> None:
+    for observer in list(OBSERVERS):
+        observer(event, seconds)
+
+
+def _placement_commit(
+    *, reservation: Reservation, request: ReservationRequest, pool: Pool, window: Window
+) -> Placement:
     modes = (False,) if request.spot else (False, True)
     reason = None
     for displace in modes:
         for attempt in range(MAX_REPLANS + 1):
             if attempt:
                 logger.info("placement replan %d for pool %s", attempt, request.pool_id)
+                _observe("replan", 0.0)
             plan = placement_plan(request=request, pool=pool, window=window, displace=displace)
             if not plan.fits:
                 reason = plan.reason

@@ -47,7 +47,7 @@ class Command(BaseCommand):
         pool_id: str = options["pool"] or ""
         node_id: str = options["node"] or ""
         if options["platform"] and role not in PLATFORM_ROLES:
-            raise CommandError(f"--platform is for operator and node-agent tokens; a {role} needs --tenant")
+            raise CommandError(f"--platform is for operator, node-agent and metrics tokens; a {role} needs --tenant")
         if tenant_id is not None and role in PLATFORM_ROLES:
             raise CommandError(f"a {role} token is bound to the platform: use --platform, not --tenant")
         narrowed = bool(pool_id or node_id or options["all_nodes"])
