@@ -18,4 +18,5 @@ ADVISORY_LOCK_KEYS: dict[str, int] = {
     "worker:outbox-deliver": 7_301_016,
     "worker:rate-windows-prune": 7_301_017,
     "worker:usage-close": 7_301_018,
+    "worker:maintenance-windows": 7_301_019,
 }

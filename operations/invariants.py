@@ -276,6 +276,35 @@ def check_reservations_whole() -> list[str]:
     return problems
 
 
+def check_no_tenant_booking_in_a_window() -> list[str]:
+    """No tenant booking inside a live maintenance window, but one there before it and marked at risk.
+
+    A reservation that was booked inside when the window was scheduled and could
+    not move stays (it is running, or nothing else fits) and must carry the
+    at-risk mark; anything else there is a booking the window should have refused.
+    """
+    return [
+        f"{rid} (tenant {tenant}) is booked on {node} inside maintenance window {window}"
+        + ("" if marked else " and is not marked at risk")
+        + ("" if before else ", created after the window")
+        for rid, tenant, node, window, marked, before in sql_rows(
+            "SELECT DISTINCT r.id, r.tenant_id, d.node_id, w.id, r.at_risk_since IS NOT NULL,"
+            " r.created_at < w.created_at"
+            " FROM reservations_maintenancewindow w"
+            " JOIN reservations_maintenancewindownode m ON m.window_id = w.id"
+            " JOIN inventory_device d ON d.node_id = m.node_id"
+            " JOIN device_bookings b ON b.device_id = d.id AND b.purpose = 'allocation'"
+            " JOIN reservations_allocation a ON a.id = b.allocation_id"
+            " JOIN reservations_reservation r ON r.id = a.reservation_id"
+            " WHERE w.state IN ('scheduled', 'active')"
+            " AND b.during && tstzrange(GREATEST(w.starts_at, w.created_at), w.ends_at, '[)')"
+            " AND NOT a.released AND r.state IN ('scheduled', 'active')"
+            " ORDER BY 1, 3"
+        )
+        if not (marked and before)
+    ]
+
+
 # Every invariant an operator can check, by the name `check_invariants` prints.
 INVARIANTS: dict[str, Callable[[], list[str]]] = {
     "no atom booked twice": check_no_double_booking,
@@ -286,6 +315,7 @@ INVARIANTS: dict[str, Callable[[], list[str]]] = {
     "reservations hold their allocations and bookings": check_reservations_whole,
     "rollups equal a recount": check_rollups_match_count,
     "node free-atom counts equal a recount": check_node_atom_counts,
+    "no tenant booking inside a maintenance window": check_no_tenant_booking_in_a_window,
 }
 
 

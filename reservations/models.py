@@ -145,6 +145,8 @@ class BookingPurpose(models.TextChoices):
     ALLOCATION = "allocation"
     # Guard 2: a MIG or slot layout change books every atom of the GPU for the change window.
     LAYOUT_CHANGE = "layout-change"
+    # A planned maintenance window holds every atom of its nodes (`reservations.maintenance`).
+    MAINTENANCE = "maintenance"
 
 
 class BookingPhase(models.IntegerChoices):
@@ -174,6 +176,10 @@ class DeviceBooking(models.Model):
         max_length=16, choices=BookingPurpose.choices, default=BookingPurpose.ALLOCATION
     )
     during = DateTimeRangeField()
+    # The maintenance window a `maintenance` booking holds the atom for (null for every other purpose).
+    window = models.ForeignKey(
+        "MaintenanceWindow", null=True, blank=True, on_delete=models.PROTECT, related_name="bookings"
+    )
     # The pool of the device's node, always: set by the `device_bookings_pool` trigger on
     # insert and kept when a node or device moves (migration 0010). It is the distribution
     # column a sharded PostgreSQL (Citus, keyed by pool) needs in the exclusion constraint;
@@ -198,13 +204,15 @@ class DeviceBooking(models.Model):
             ),
             models.CheckConstraint(
                 name="device_bookings_allocation_iff_purpose",
-                condition=Q(purpose="allocation", allocation__isnull=False)
-                | Q(purpose="layout-change", allocation__isnull=True),
+                condition=Q(purpose="allocation", allocation__isnull=False, window__isnull=True)
+                | Q(purpose="layout-change", allocation__isnull=True, window__isnull=True)
+                | Q(purpose="maintenance", allocation__isnull=True, window__isnull=False),
             ),
             models.CheckConstraint(name="device_bookings_nonempty", condition=~Q(during__isempty=True)),
         ]
         indexes = [
             models.Index(fields=["allocation"], name="booking_allocation"),
+            models.Index(fields=["window"], name="booking_window", condition=Q(window__isnull=False)),
             # The timeline and the rebuild scan bookings by time, not by device.
             GistIndex(fields=["during"], name="booking_during"),
             # The placer's "is this atom free for the window" probe, once per
@@ -227,6 +235,79 @@ class DeviceBooking(models.Model):
 
     def __str__(self) -> str:
         return f"{self.device_id} {self.during}"
+
+
+# The id prefix of a maintenance window (`mw_01k...`).
+MAINTENANCE_WINDOW_PREFIX = "mw"
+MAINTENANCE_WINDOW_ID_REGEX = rf"^{MAINTENANCE_WINDOW_PREFIX}_[0-9a-hjkmnp-tv-z]{{26,52}}$"
+
+
+class MaintenanceWindowState(models.TextChoices):
+    """A window's life: booked ahead, its nodes in maintenance, over, or called off."""
+
+    SCHEDULED = "scheduled"
+    ACTIVE = "active"
+    ENDED = "ended"
+    CANCELLED = "cancelled"
+
+
+class MaintenanceWindow(models.Model):
+    """Planned downtime of some nodes for `[starts_at, ends_at)`, held as bookings of their atoms.
+
+    The bookings make guard 1 refuse a tenant's booking into the window; the
+    worker puts the nodes in maintenance at the start and takes them out at
+    the end (`reservations.maintenance.toggle`).
+    """
+
+    id = models.CharField(primary_key=True, max_length=57, default=ids.id_default(MAINTENANCE_WINDOW_PREFIX))
+    reason = models.TextField()
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    state = models.CharField(
+        max_length=16, choices=MaintenanceWindowState.choices, default=MaintenanceWindowState.SCHEDULED
+    )
+    created_by = models.TextField(blank=True)
+    created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
+    updated_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
+
+    class Meta:
+        db_table = "reservations_maintenancewindow"
+        constraints = [
+            models.CheckConstraint(
+                name="maintenance_window_ends_after_start", condition=Q(ends_at__gt=models.F("starts_at"))
+            )
+        ]
+        indexes = [
+            # The worker's next start and end, and the live windows every reader asks about.
+            models.Index(
+                fields=["starts_at", "ends_at"],
+                name="maintenance_window_live",
+                condition=Q(state__in=["scheduled", "active"]),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.reason!r}"
+
+
+class MaintenanceWindowNode(models.Model):
+    """One node of a window, and whether the window (not an operator before it) turned its maintenance on."""
+
+    window = models.ForeignKey(MaintenanceWindow, on_delete=models.CASCADE, related_name="members")
+    node = models.ForeignKey("inventory.Node", on_delete=models.CASCADE, related_name="maintenance_windows")
+    # Set when the worker put the node in maintenance at the window's start; only then does
+    # the end take it out again (a node already in maintenance stays as the operator left it).
+    switched_on = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "reservations_maintenancewindownode"
+        constraints = [
+            models.UniqueConstraint(fields=["window", "node"], name="maintenance_window_node_unique")
+        ]
+        indexes = [models.Index(fields=["node"], name="maintenance_window_node")]
+
+    def __str__(self) -> str:
+        return f"{self.window_id} {self.node_id}"
 
 
 class NodeAtomCount(models.Model):

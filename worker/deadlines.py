@@ -7,7 +7,8 @@ the earliest start of a future booking or end of a running one
 (`bookings-advance`), the oldest watched heartbeat plus
 `CAPACITY_NODE_STALE_SECONDS` (`nodes-stale`), the earliest outbox retry
 (`outbox-deliver`), the end of the grace after the hour that follows the last
-closed hour of usage (`usage-close`); and for each periodic job, its last
+closed hour of usage (`usage-close`), the next start of a scheduled maintenance
+window or end of an active one (`maintenance-windows`); and for each periodic job, its last
 success in its `WorkerJob` row plus its period. The times are on the database
 clock (`compute_now()`), which the loop converts into sleeps of its own.
 """
@@ -21,6 +22,7 @@ from django.conf import settings
 from django.db import connection
 
 from capacity.services import usage_next_close_sql
+from reservations.maintenance.toggle import NEXT_SWITCH_SQL
 from worker.jobs import worker_jobs, worker_periods
 
 _DEADLINES_SQL = f"""
@@ -35,6 +37,7 @@ SELECT compute_now(),
            + make_interval(secs => %(stale)s),
        (SELECT min(next_attempt_at) FROM reservations_delivery),
        {usage_next_close_sql()},
+       {NEXT_SWITCH_SQL},
        ARRAY(SELECT COALESCE(w.last_ok_at + make_interval(secs => p.every), compute_now())
                 FROM unnest(%(periodic_names)s::varchar[], %(periodic_every)s::float8[])
                          WITH ORDINALITY AS p(name, every, i)
@@ -51,6 +54,7 @@ DEADLINE_KINDS = (
     "node_stale",
     "delivery",
     "usage_close",
+    "maintenance_switch",
 )
 
 
@@ -69,6 +73,8 @@ class Deadlines:
     periodic: dict[str, datetime] = field(default_factory=dict)
     # When the hour after the last closed one may close (None before the first close).
     usage_close: datetime | None = None
+    # The next start of a scheduled maintenance window or end of an active one.
+    maintenance_switch: datetime | None = None
 
     def of(self, kind: str) -> datetime | None:
         value: datetime | None = getattr(self, kind)
@@ -87,7 +93,7 @@ def next_deadline(*, periodic: dict[str, float] | None = None) -> Deadlines:
 
     The indexes: `reservation_lease_live`, `reservation_live_ends`,
     `booking_phase_future`, `booking_phase_running`, `node_heartbeat_watch`,
-    `delivery_due`, `capacity_usagehour`'s primary key, and `core_workerjob`'s
+    `delivery_due`, `capacity_usagehour`'s primary key, `maintenance_window_live`, and `core_workerjob`'s
     primary key for the periodic jobs.
     """
     periodic = periodic if periodic is not None else worker_periods(worker_jobs())

@@ -3,7 +3,8 @@
 `python manage.py worker` (the Procfile's `worker:`) runs them in `worker.loop`;
 `worker.deadlines` is the one query that says when each falls due. A job is
 due by a deadline in the rows (a lease expiry, an end, a booking's start or
-end, a stale heartbeat, a delivery retry, an hour of usage to close), by a
+end, a stale heartbeat, a delivery retry, an hour of usage to close, a
+maintenance window's start or end), by a
 period counted from its last success in its `WorkerJob` row (shared by every
 worker: the safety-net rebuild, the rate-window prune and the BookingRepair
 sweep, every `CAPACITY_ROLLUP_EVERY_SECONDS`), or by a notification
@@ -35,6 +36,7 @@ from core import ratelimit
 from reservations.delivery import outbox
 from reservations.lifecycle import phases, repair
 from reservations.lifecycle.deadlines import lease_expire_due, reservation_settle_ended
+from reservations.maintenance.toggle import maintenance_windows_advance
 from reservations.nodes import liveness
 from reservations.rollups import recount as rollups
 
@@ -124,6 +126,9 @@ def worker_jobs(*, every: float | None = None) -> list[Job]:
         _deadline_job("reservation-settle", reservation_settle_ended, "reservation_end"),
         _deadline_job("bookings-advance", phases.bookings_advance, "booking_start", "booking_end"),
         _deadline_job("nodes-stale", liveness.nodes_mark_stale, "node_stale"),
+        # Maintenance windows: nodes into maintenance at the start, out at the end (before
+        # BookingRepair, which then sees the nodes as they are).
+        _deadline_job("maintenance-windows", maintenance_windows_advance, "maintenance_switch"),
         _sweep("bookings-repair", _without_progress(repair.bookings_repair), every=every, on_wake=True),
         _deadline_job("outbox-deliver", outbox.outbox_deliver_due, "delivery"),
         # The one-off `rebuild_rollups` takes the same lock: one rebuild at a time.

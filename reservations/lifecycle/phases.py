@@ -17,7 +17,8 @@ other writer of bookings takes them (nodes, then bookings, then rollup rows):
    move one booking twice, and a booking a release is cutting is left to the
    release (which ends it from the phase it has);
 4. in a new statement (a snapshot taken after the locks), set the new phase
-   and count the moved bookings on counted atoms, then apply the deltas of
+   and count the moved bookings on counted atoms (a maintenance window's
+   bookings never count: `reservations.rollups.counts`), then apply the deltas of
    every pool in one statement, in the rebuild's row order.
 
 A booking that ends wakes the creates waiting on its pool.
@@ -74,9 +75,10 @@ WITH moved AS (
      WHERE old.id = b.id AND b.id = ANY(%(ids)s::bigint[])
        AND ((b.phase = 0 AND lower(b.during) <= compute_now())
             OR (b.phase = 1 AND upper(b.during) <= compute_now()))
-    RETURNING b.device_id, old.phase AS was, b.phase AS now
+    RETURNING b.device_id, b.purpose, old.phase AS was, b.phase AS now
 )
-SELECT n.pool_id, d.device_class, m.was, m.now, {COUNTED_ATOM_SQL} AS counted, count(*)
+SELECT n.pool_id, d.device_class, m.was, m.now,
+       {COUNTED_ATOM_SQL} AND m.purpose <> 'maintenance' AS counted, count(*)
   FROM moved m
   JOIN inventory_device d ON d.id = m.device_id
   JOIN inventory_node n ON n.id = d.node_id

@@ -25,6 +25,12 @@ so two workers never repair one reservation at once):
   never moved: it is marked at risk;
 * a reservation that already runs cannot move: it is marked at risk.
 
+A booking inside a maintenance window of its node (one that was there when
+the window was scheduled) is treated as one on an uncounted atom, with the
+reason "maintenance window 'firmware' on node_… from … to …": the window's
+own bookings hold the rest of its atoms, so the placer moves the reservation
+off the window's nodes, or it is marked at risk.
+
 The mark (`at_risk_reason`, `at_risk_since`) is set once (`since` is not bumped
 by later runs; the reason follows what is wrong now). A marked reservation is
 looked at again on every run, so a later run moves it when capacity frees up
@@ -59,6 +65,7 @@ from inventory.schedulability import (
     schedulable_sql,
 )
 from inventory.services.resources import node_resources_give_back
+from reservations.maintenance.windows import IN_WINDOW_RESERVATIONS_SQL, reservation_windows
 from reservations.models import Binding, Reservation
 from reservations.placer.commit import MAX_REPLANS, Placement, placement_deltas, plan_commit
 from reservations.placer.filters import Window
@@ -78,7 +85,8 @@ REASON_PROBLEMS = 5
 _COUNTED = f"({schedulable_sql('n', 'p.owner_id')} AND d.healthy AND d.bookable)"
 
 # The reservations to look at, by id after a cursor: live unmarked ones with a booking that
-# is still counted somewhere (phase 0 or 1) on an atom that is not counted, and the marked
+# is still counted somewhere (phase 0 or 1) on an atom that is not counted or inside a
+# maintenance window of its node (`reservations.maintenance.windows`), and the marked
 # ones that something could change: no longer live, no longer on a bad atom (clear the
 # mark), or still movable (not started, `hold`: retry the move). A marked reservation that
 # cannot move and still sits on a bad atom is not looked at again until one of those holds:
@@ -93,13 +101,17 @@ WITH bad AS MATERIALIZED (
      WHERE NOT {_COUNTED}
 ),
 on_bad AS MATERIALIZED (
-    SELECT DISTINCT a.reservation_id AS id, r.at_risk_since IS NOT NULL AS marked
-      FROM device_bookings b
-      JOIN reservations_allocation a ON a.id = b.allocation_id
-      JOIN reservations_reservation r ON r.id = a.reservation_id
-     WHERE b.device_id IN (SELECT id FROM bad) AND b.phase IN (0, 1)
-       AND COALESCE(upper(b.during), 'infinity') > compute_now()
-       AND NOT a.released AND r.state IN ('scheduled', 'active')
+    SELECT DISTINCT x.id, r.at_risk_since IS NOT NULL AS marked
+      FROM (SELECT a.reservation_id AS id
+              FROM device_bookings b
+              JOIN reservations_allocation a ON a.id = b.allocation_id
+             WHERE b.device_id IN (SELECT id FROM bad) AND b.phase IN (0, 1)
+               AND COALESCE(upper(b.during), 'infinity') > compute_now()
+               AND NOT a.released
+            UNION ALL
+            {IN_WINDOW_RESERVATIONS_SQL}) x
+      JOIN reservations_reservation r ON r.id = x.id
+     WHERE r.state IN ('scheduled', 'active')
 )
 SELECT id FROM on_bad WHERE NOT marked AND id > %(after)s
 UNION
@@ -243,6 +255,7 @@ def problems_reason(reservation_id: str) -> str:
         problem = _node_problem(row) or _device_problem(row)
         if problem not in problems:
             problems.append(problem)
+    problems.extend(window.phrase for window in reservation_windows(reservation_id))
     if len(problems) > REASON_PROBLEMS:
         rest = len(problems) - REASON_PROBLEMS
         problems = [*problems[:REASON_PROBLEMS], f"and {rest} more"]

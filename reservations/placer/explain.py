@@ -14,7 +14,9 @@ order the placer applies them:
 
 and the rest `fit`. The counts add up to the nodes looked at. Up to
 `SAMPLES` nodes per class come with the precise reason, in words that name
-atoms, counts and times, never a booking or another tenant's reservation.
+atoms, counts and times, never a booking or another tenant's reservation
+(a maintenance window, which is the operators', is named: "held by
+maintenance window 'firmware' on node_… from … to …").
 One statement counts; one more per class with samples spells them out.
 """
 
@@ -27,6 +29,7 @@ from typing import Any
 from django.db import connection
 
 from inventory.schedulability import SCHEDULABLE, bucket_sql
+from reservations.maintenance.windows import window_phrase, windows_overlapping
 from reservations.placer.filters import (
     Window,
     blocking_booking_sql,
@@ -141,6 +144,19 @@ def _iso(moment: datetime | None) -> str:
     return "open-ended" if moment is None else moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _windows_by_node(node_ids: list[str], *, window: Window) -> dict[str, str]:
+    """The maintenance windows holding these nodes during the request's window, phrased per node."""
+    phrases: dict[str, list[str]] = defaultdict(list)
+    for ref in windows_overlapping(start=window.start, end=window.end, node_ids=node_ids):
+        for node_id in ref.node_ids:
+            phrases[node_id].append(
+                window_phrase(
+                    reason=ref.reason, node_ids=(node_id,), starts_at=ref.starts_at, ends_at=ref.ends_at
+                )
+            )
+    return {node_id: "; ".join(texts) for node_id, texts in phrases.items()}
+
+
 def _reasons(
     name: str,
     node_ids: list[str],
@@ -205,6 +221,7 @@ def _reasons(
         for node_id, uid, domain, busy, open_ended, until in _rows(sql, q.values):
             atoms[node_id].append((uid, domain, busy, None if open_ended else until))
         wanted = f"{item.count} {item.device_class}"
+        held = _windows_by_node(node_ids, window=window)
         for node_id in node_ids:
             found = atoms.get(node_id, [])
             free = [uid for uid, _, busy, _ in found if not busy]
@@ -216,6 +233,8 @@ def _reasons(
                 blocked.sort(key=lambda t: (t[0] is None, t[0] or datetime.min, t[1]))
                 soonest = f"; {blocked[0][1]} booked until {_iso(blocked[0][0])}" if blocked else ""
                 texts[node_id] = f"{len(free)} of {len(found)} free for the window, {wanted} asked{soonest}"
+                if node_id in held:
+                    texts[node_id] += f"; held by {held[node_id]}"
             elif name == "topology" and request.gang_size:
                 texts[node_id] = f"no {gang_key(request)!r} label for the gang"
             else:

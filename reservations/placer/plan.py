@@ -24,6 +24,7 @@ from django.db import connection
 from core.clock import compute_now
 from core.errors import InvalidInput
 from inventory.models import Pool
+from reservations.maintenance.windows import windows_refusal_phrase
 from reservations.placer.filters import (
     PlanQuery,
     Window,
@@ -270,7 +271,10 @@ def placement_plan(
         plan.options = _options(query, ranked=ranked, salt=salt)
         if plan.options:
             return plan
-    plan.reason = _no_fit_reason(request=request, displace=displace)
+    reason = _no_fit_reason(request=request, displace=displace)
+    # Only on a refusal: windows holding nodes of the pool during the request's window are named.
+    held = windows_refusal_phrase(pool_id=request.pool_id, start=window.start, end=window.end)
+    plan.reason = Reason(reason.code, reason.message + held) if held else reason
     return plan
 
 

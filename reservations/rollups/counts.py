@@ -10,7 +10,9 @@ rebuild, a few nodes for a node event):
   and bookable on a node in the `schedulable` bucket.
 * `allocatable` = counted atoms. `allocated` and `reserved` count the bookings
   on counted atoms by their phase (`reservations.models.BookingPhase`): RUNNING
-  ones in `allocated`, FUTURE ones in `reserved`, each booking once. Phases, not
+  ones in `allocated`, FUTURE ones in `reserved`, each booking once, but never a
+  maintenance window's (a future window counts in no bucket; once it starts,
+  its nodes are in `maintenance`, whose atoms are not counted). Phases, not
   the clock: the worker moves a booking's phase with the matching delta, so a
   count and the deltas agree by construction whenever they are read. Bookings
   on atoms outside the counted set (a cordoned node's, an unhealthy atom's) are
@@ -76,14 +78,16 @@ def counts_sql(*, selection: str, probe_atoms: bool) -> str:
       FROM device_bookings b
      WHERE b.device_id IN (SELECT a.id FROM atoms a WHERE a.counted)
        AND COALESCE(upper(b.during), 'infinity'::timestamptz) >= {_LIVE_END_FLOOR}
-       AND b.phase IN (0, 1)
+       AND b.phase IN (0, 1) AND b.purpose <> 'maintenance'
      GROUP BY b.device_id"""
     else:
         live = """
     SELECT x.device_id, sum(x.running) AS running, sum(x.future) AS future
-      FROM (SELECT b.device_id, 1 AS running, 0 AS future FROM device_bookings b WHERE b.phase = 1
+      FROM (SELECT b.device_id, 1 AS running, 0 AS future FROM device_bookings b
+             WHERE b.phase = 1 AND b.purpose <> 'maintenance'
             UNION ALL
-            SELECT b.device_id, 0, 1 FROM device_bookings b WHERE b.phase = 0) x
+            SELECT b.device_id, 0, 1 FROM device_bookings b
+             WHERE b.phase = 0 AND b.purpose <> 'maintenance') x
      GROUP BY x.device_id"""
     return f"""
 WITH nodes AS MATERIALIZED (

@@ -67,6 +67,8 @@ def verify_run(fleet: Fleet, tally: Tally, sampler: Sampler, *, operations: int)
     assert tally.counts["created"] > 0 and tally.counts["released"] > 0 and tally.counts["node-op"] > 0
     assert tally.counts["no-capacity"] + tally.counts["quota"] > 0, tally.counts
     assert tally.counts["repaired"] > 0, tally.counts
+    # Maintenance windows were scheduled and cancelled among the operations.
+    assert tally.counts["window"] > 0 and tally.counts["window-cancelled"] > 0, tally.counts
     problems = invariant_problems()
     log = commitlog_check()
     problems.extend(log.violations)

@@ -159,7 +159,14 @@ def test_a_long_sweep_does_not_hold_a_deadline_up(leased: str) -> None:
 def test_the_sweeps_run_in_their_own_lane() -> None:
     lanes = worker_lanes(worker_jobs())
     assert [[job.name for job in lane] for lane in lanes] == [
-        ["lease-expire", "reservation-settle", "bookings-advance", "nodes-stale", "outbox-deliver"],
+        [
+            "lease-expire",
+            "reservation-settle",
+            "bookings-advance",
+            "nodes-stale",
+            "maintenance-windows",
+            "outbox-deliver",
+        ],
         ["bookings-repair", "rollup-rebuild", "rate-windows-prune", "usage-close"],
     ]
 

@@ -19,6 +19,7 @@ from operations.invariants import (
     check_booking_pools,
     check_concurrent_quota,
     check_no_double_booking,
+    check_no_tenant_booking_in_a_window,
     check_node_atom_counts,
     check_quota,
     check_reservations_whole,
@@ -110,6 +111,7 @@ def invariant_problems(*, require_delivery: bool = True) -> list[str]:
         *check_concurrent_quota(),
         *check_reservations_whole(),
         *check_node_atom_counts(),
+        *check_no_tenant_booking_in_a_window(),
         *check_daemon(require_delivery=require_delivery),
     ]
 

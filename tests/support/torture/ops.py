@@ -8,7 +8,9 @@ be run through the service layer (`op_run_service`) or the HTTP API
 creates before it achieved; so is which node a "cordon a node booked in the
 future" takes and which GPU a "booked GPU turns unhealthy" takes (one holding
 a future booking when the operation runs). "repair" runs `bookings_repair()`,
-as the worker does when a node change asks for it.
+as the worker does when a node change asks for it. "window" schedules a
+maintenance window on a node, starting a little ahead, and "window-cancel"
+cancels one of the live windows (which one is decided when it runs).
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ WEIGHTS: dict[str, int] = {
     "cordon-booked": 5,
     "health-booked": 4,
     "repair": 6,
+    # Maintenance windows scheduled ahead on a node (future creates are moved off it or marked
+    # at risk) and cancelled again.
+    "window": 3,
+    "window-cancel": 2,
 }
 TAINT_KEYS = ("torture/xid", "torture/ecc")
 # Seconds after "now" a calendar reservation starts; None starts now.
@@ -54,6 +60,10 @@ EXPECTED = {
     "node-op",
     "nothing-booked",
     "repaired",
+    "window",
+    "window-refused",
+    "window-cancelled",
+    "no-window",
 }
 
 # The nodes and GPUs holding a future allocation booking now, for the "-booked" kinds to pick from.
@@ -151,6 +161,12 @@ def ops_generate(*, fleet: Fleet, seed: int, count: int, now_ms: int, key_prefix
             ops.append(Op(kind, {"pick": rng.random()}))
         elif kind == "repair":
             ops.append(Op("repair", {}))
+        elif kind == "window":
+            start = now_ms + rng.choice((600, 1800, 3600, 5400)) * 1000
+            end = start + rng.choice((1800, 3600, 7200)) * 1000
+            ops.append(Op("window", {"nodeId": node_id, "from": start, "to": end}))
+        elif kind == "window-cancel":
+            ops.append(Op("window-cancel", {"pick": rng.random()}))
         else:
             ops.append(Op("health", {"uid": rng.choice(fleet.device_uids), "healthy": rng.random() < 0.65}))
     return ops
@@ -167,6 +183,64 @@ def booked_pick(op: Op, fleet_ids: list[str]) -> str | None:
     if not found:
         return None
     return str(found[int(op.args["pick"] * len(found))])
+
+
+def window_pick(op: Op) -> str | None:
+    """For "window-cancel": the live window `pick` chooses, or None when there is none."""
+    from reservations.models import MaintenanceWindow
+
+    live = list(
+        MaintenanceWindow.objects.filter(state__in=("scheduled", "active"))
+        .order_by("id")
+        .values_list("pk", flat=True)
+    )
+    return live[int(op.args["pick"] * len(live))] if live else None
+
+
+def window_run_service(op: Op, actor: str) -> str:
+    """Schedule or cancel a maintenance window through the service, as `nodes/*Maintenance` does."""
+    from datetime import UTC, datetime
+
+    from core.errors import Conflict
+    from reservations.maintenance.services import maintenance_cancel, maintenance_schedule
+
+    if op.kind == "window-cancel":
+        window_id = window_pick(op)
+        if window_id is None:
+            return "no-window"
+        try:
+            maintenance_cancel(window_id=window_id, actor=actor)
+        except Conflict:  # ended or cancelled by someone else meanwhile
+            return "no-window"
+        return "window-cancelled"
+    try:
+        maintenance_schedule(
+            node_ids=[op.args["nodeId"]],
+            starts_at=datetime.fromtimestamp(op.args["from"] / 1000, tz=UTC),
+            ends_at=datetime.fromtimestamp(op.args["to"] / 1000, tz=UTC),
+            reason="torture",
+            actor=actor,
+        )
+    except Conflict:  # another window holds the node then
+        return "window-refused"
+    return "window"
+
+
+def window_run_http(op: Op, *, base_url: str, operator: str) -> str:
+    """The same over HTTP."""
+    if op.kind == "window-cancel":
+        window_id = window_pick(op)
+        if window_id is None:
+            return "no-window"
+        status, answer = http_post(base_url, "nodes/cancelMaintenance", operator, {"windowId": window_id})
+        if status == 409:
+            return "no-window"
+        return "window-cancelled" if status == 200 else f"cancel answered {status} {answer!r}"
+    body = {"nodeIds": [op.args["nodeId"]], "from": op.args["from"], "to": op.args["to"], "reason": "torture"}
+    status, answer = http_post(base_url, "nodes/scheduleMaintenance", operator, body)
+    if status == 409:
+        return "window-refused"
+    return "window" if status == 201 else f"schedule answered {status} {answer!r}"
 
 
 def repair_run() -> str:
@@ -210,6 +284,8 @@ def op_run_service(op: Op, ledger: Ledger, fleet: Fleet | None = None) -> str:
         return "released"
     if op.kind == "repair":
         return repair_run()
+    if op.kind in ("window", "window-cancel"):
+        return window_run_service(op, actor)
     if op.kind == "health-booked":
         uid = booked_pick(op, fleet.device_uids) if fleet is not None else None
         if uid is None:
@@ -295,6 +371,8 @@ def op_run_http(
     """
     if op.kind == "repair":
         return repair_run()
+    if op.kind in ("window", "window-cancel"):
+        return window_run_http(op, base_url=base_url, operator=tokens["operator"])
     if op.kind in ("cordon-booked", "health-booked"):
         if fleet is None:
             return "nothing-booked"

@@ -2,7 +2,8 @@
 
 Every live reservation with a booking still counted somewhere (phase 0 or 1,
 not over) on an atom that is not counted (its node outside the schedulable
-bucket, or the device unhealthy or unbookable) must be marked at risk: it is
+bucket, or the device unhealthy or unbookable) or inside a maintenance window
+of its node must be marked at risk: it is
 running, bound to its nodes, or nothing else fits. And the other way round: a
 mark stands only on a live reservation that still has such a booking.
 """
@@ -14,6 +15,7 @@ from typing import Any
 from django.db import connection
 
 from inventory.schedulability import schedulable_sql
+from reservations.maintenance.windows import IN_WINDOW_RESERVATIONS_SQL
 
 _ON_UNCOUNTED = f"""
 SELECT DISTINCT a.reservation_id
@@ -24,6 +26,8 @@ SELECT DISTINCT a.reservation_id
   JOIN inventory_pool p ON p.id = n.pool_id
  WHERE NOT a.released AND b.phase IN (0, 1) AND upper(b.during) > compute_now()
    AND NOT ({schedulable_sql("n", "p.owner_id")} AND d.healthy AND d.bookable)
+UNION
+SELECT x.id FROM ({IN_WINDOW_RESERVATIONS_SQL}) x
 """
 
 _LIVE = "r.state IN ('scheduled', 'active') AND r.ends_at > compute_now()"
