@@ -76,6 +76,9 @@ def start_api(state: State, index: int) -> None:
         os.environ.get("WEB_THREADS", "24"),
         "--access-logfile",
         "-",
+        # LOG_FORMAT=json makes gunicorn's own lines JSON too, as the Procfile's web does.
+        "--logger-class",
+        "core.logs.GunicornLogger",
     ]
     pid = spawn(f"api{index + 1}", args, env=app_env(ports, direct=False))
     state.pids[f"api{index + 1}"] = pid

@@ -55,6 +55,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Outermost after it: every answer says its X-Request-ID, and the JSON log its request line.
+    "core.request_id.RequestIdMiddleware",
+    # API answers counted by method and status, and each create's outcome (GET /metrics).
+    "operations.metrics.middleware.MetricsMiddleware",
     # The admin's and the API docs' static files, served by the app server itself,
     # from the apps' folders (no collectstatic step, no CDN, same in dev and production).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -66,8 +70,6 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Nodes are told about a create or a release after its response has gone out.
     "reservations.api.middleware.DeliverAfterResponse",
-    # API answers counted by method and status, and each create's outcome (GET /metrics).
-    "operations.metrics.middleware.MetricsMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -77,7 +79,7 @@ ROOT_URLCONF = "config.urls"
 AGENTS_PROCESS = env.bool("AGENTS_PROCESS", default=False)
 if AGENTS_PROCESS:
     ROOT_URLCONF = "config.agents_urls"
-    MIDDLEWARE = ["django.middleware.security.SecurityMiddleware"]
+    MIDDLEWARE = ["django.middleware.security.SecurityMiddleware", "core.request_id.RequestIdMiddleware"]
 # Where agents long-poll `nodes/assignments` (the `agents` process), told them by `nodes/register`;
 # empty: the web process's own URL (its threaded method, fine for a few dozen agents).
 AGENT_ASSIGNMENTS_URL = env.str("AGENT_ASSIGNMENTS_URL", default="")
@@ -212,14 +214,25 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
+# `plain`: the message alone, as always; `json`: one object per line (core/logs.py), with a
+# request line per request (`better_compute.request`) in place of gunicorn's access line.
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain")
+if LOG_FORMAT not in ("plain", "json"):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("LOG_FORMAT is plain or json.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"plain": {"format": "%(message)s"}, "json": {"()": "core.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
     # Django's default config gives `django` a console handler of its own; with the
     # root's, every line would print twice. One handler: the root's.
-    "loggers": {"django": {"handlers": [], "propagate": True}},
+    "loggers": {
+        "django": {"handlers": [], "propagate": True},
+        "better_compute.request": {"level": "INFO" if LOG_FORMAT == "json" else "WARNING"},
+    },
 }
 
 # GET /metrics (operations/metrics): answered without a token to a peer in these networks

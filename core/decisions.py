@@ -110,6 +110,15 @@ def _bindings(principal: Principal) -> frozenset[Binding]:
     return frozenset(Binding(*row) for row in rows)
 
 
+def principal_tenant_ids(principal: Principal) -> list[str]:
+    """The tenants the bindings attached at authentication name, sorted (none: a platform credential).
+
+    What a log line calls the request's tenant; never a query, so a log line costs none.
+    """
+    attached: frozenset[Binding] = getattr(principal, _BINDINGS_ATTR, frozenset())
+    return sorted({b.tenant_id for b in attached if b.tenant_id})
+
+
 def has_permission(*, principal: Principal, permission: str, tenant_id: str | None) -> bool:
     """Whether one of the principal's bindings grants `permission` on the tenant (None: the platform).
 

@@ -22,15 +22,27 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from core.errors import ERROR_CODES, DomainError, cap_details
+from core.request_id import current_request_id
 
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
+# The last detail of an error answered to a request names the request (`core.request_id`).
+REQUEST_ID_FIELD = "requestId"
 
 
 def error_body(code: str, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The envelope; at most `MAX_ERROR_DETAILS` details and an `and N more` (`core.errors.cap_details`)."""
-    return {"error": {"code": code, "message": message, "details": cap_details(details or [])}}
+    """The envelope; at most `MAX_ERROR_DETAILS` details and an `and N more` (`core.errors.cap_details`).
+
+    In a request, the last detail is `{"field": "requestId", "message": ID}`, the id
+    answered in `X-Request-ID` (`core.request_id`), after the cap so it is never cut:
+    a client quoting it finds the request's log lines.
+    """
+    listed = cap_details(details or [])
+    request_id = current_request_id()
+    if request_id is not None:
+        listed = [*listed, {"field": REQUEST_ID_FIELD, "message": request_id}]
+    return {"error": {"code": code, "message": message, "details": listed}}
 
 
 def error_response(

@@ -28,8 +28,8 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 REQUEST_SECONDS = Histogram(
     "better_compute_api_request_duration_seconds",
-    "API answers by method (`reservations/create`, ...) and HTTP status, from the first byte "
-    "read to the answer written (a create that waits for capacity counts its wait).",
+    "API answers by method (`reservations/create`, ...) and HTTP status, timed from the outermost "
+    "middleware to the answer built (a create that waits for capacity counts its wait).",
     ("method", "status"),
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,

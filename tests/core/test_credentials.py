@@ -16,6 +16,7 @@ from core.models import ApiToken, AuditEvent, RoleBinding, Tenant
 from core.services import token_issue, token_revoke
 from tests.support.api import bearer_client, post_json
 from tests.support.commands import run_command
+from tests.support.envelope import error_without_request_id
 
 
 def summary_as(client: APIClient, tenant_id: str = "acme") -> tuple[int, dict]:
@@ -93,7 +94,7 @@ def test_unknown_or_malformed_credentials_are_unauthenticated(owner_tenant: Tena
     client.credentials(HTTP_AUTHORIZATION=header)
     status, body = summary_as(client)
     assert status == 401
-    assert body == {
+    assert error_without_request_id(body) == {
         "error": {"code": "UNAUTHENTICATED", "message": "a valid bearer token is required", "details": []}
     }
 

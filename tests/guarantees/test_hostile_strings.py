@@ -23,6 +23,7 @@ from core.errors import MAX_ERROR_DETAILS, InvalidInput, more_detail
 from core.services import token_issue
 from inventory.models import Node, Pool
 from tests.support.api import assert_error, invalid_fields, post_raw, reservation_body, status_and_body
+from tests.support.envelope import error_details
 
 pytestmark = pytest.mark.django_db
 
@@ -181,8 +182,10 @@ def test_a_body_of_a_hundred_thousand_unknown_keys_answers_a_small_error(
     response = post_raw(owner_client, "capacity/summary", body)
     status, answer = status_and_body(response)
     assert_error(status, answer, "INVALID_INPUT", 400)
-    details = answer["error"]["details"]
+    details = error_details(answer)
     assert len(details) == MAX_ERROR_DETAILS + 1
+    # Then the request id, past the cap: the answer's header, never cut.
+    assert answer["error"]["details"][-1] == {"field": "requestId", "message": response["X-Request-ID"]}
     assert details[:2] == [
         {"field": "00000", "message": "unknown field"},
         {"field": "00001", "message": "unknown field"},
@@ -244,7 +247,7 @@ def test_the_documentation_pages_answer_other_methods_in_the_envelope(path: str,
     )
     status, body = status_and_body(response)
     assert_error(status, body, "INVALID_INPUT", 405)
-    assert body["error"]["details"] == [{"field": "method", "message": "use GET"}]
+    assert error_details(body) == [{"field": "method", "message": "use GET"}]
 
 
 @pytest.mark.parametrize("path", ["/api/docs", "/api/schema"])

@@ -25,6 +25,7 @@ from ledger.services.quota import quota_limit_set
 from reservations.selectors import holdings_peaks
 from tests.support.api import ClientFor, assert_error, post_json
 from tests.support.clock import HOUR_MS, now_ms
+from tests.support.envelope import error_details
 from tests.support.factories import TenantFactory
 from tests.support.torture.checks import check_concurrent_quota, check_quota
 
@@ -113,7 +114,7 @@ def test_a_concurrent_quota_of_16_holds_16_today_and_16_next_week(beta: APIClien
     # A third host is free today, but the tenant already holds 16 then.
     status, body = create(beta, pool_id, "today-3")
     assert_error(status, body, "QUOTA_EXCEEDED", 409)
-    assert body["error"]["details"] == [
+    assert error_details(body) == [
         {
             "field": "quota",
             "message": "gpu: 16 in use at the busiest instant of the window, a limit of 16, 8 asked",
@@ -132,7 +133,7 @@ def test_a_counter_quota_refuses_next_weeks_16_as_before(beta: APIClient) -> Non
     pool_id = load(fleet(mode=None))
     answers = book_today_and_next_week(beta, pool_id)
     assert [status for status, _ in answers[:3]] == [201, 201, 409], answers
-    assert answers[2][1]["error"]["details"] == [
+    assert error_details(answers[2][1]) == [
         {
             "field": "quota",
             "message": "gpu: 16 used, a limit of 16, 8 asked",
@@ -186,7 +187,7 @@ def test_a_concurrent_scalar_quota_counts_claims_over_their_reservations_window(
     assert create(beta, pool_id, "b", gpus=1, resources={"vcpu": 48}, start=next_week)[0] == 201
     status, body = create(beta, pool_id, "c", gpus=1, resources={"vcpu": 32})
     assert_error(status, body, "QUOTA_EXCEEDED", 409)
-    assert body["error"]["details"] == [
+    assert error_details(body) == [
         {
             "field": "quota",
             "message": "vcpu: 48 in use at the busiest instant of the window, a limit of 64, 32 asked",

@@ -12,6 +12,7 @@ from core.models import AuditEvent, Principal, RoleBinding
 from core.services import token_issue
 from inventory.models import Device, Node
 from tests.support.api import ClientFor, bearer_client, post_json
+from tests.support.envelope import error_details
 from tests.support.factories import NodeFactory, PoolFactory, TenantFactory
 from tests.support.records import audit_trail
 
@@ -215,7 +216,7 @@ def test_a_malformed_report_names_its_fields_under_report(
     assert "report.gpus[0].memoryMiB" in {d["field"] for d in body["error"]["details"]}
     status, body = post_json(node_agent_client, "inventory/report", {"nodeId": gpu_node.pk, "report": []})
     assert status == 400
-    assert {d["field"] for d in body["error"]["details"]} == {"report"}
+    assert {d["field"] for d in error_details(body)} == {"report"}
 
 
 @pytest.mark.django_db

@@ -18,6 +18,7 @@ from inventory.models import Pool
 from ledger.models import Offering, QuotaUsage
 from tests.support.api import ClientFor, assert_error, invalid_fields, post_json
 from tests.support.clock import now_ms
+from tests.support.envelope import error_details
 from tests.support.factories import DeviceFactory, NodeFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db
@@ -205,7 +206,7 @@ def test_lowering_a_counter_quota_below_its_use_and_withdrawing_with_live_reserv
         {"poolId": pool["poolId"], "tenantId": "beta", "quota": {"gpu": 1}},
     )
     assert_error(status, body, "CONFLICT", 409)
-    assert body["error"]["details"] == [
+    assert error_details(body) == [
         {
             "field": "quota.gpu",
             "message": "2 in use, above a limit of 1",
@@ -425,7 +426,7 @@ def test_switching_a_concurrent_offering_holding_more_than_its_limit_to_counter_
         {"poolId": pool["poolId"], "tenantId": "beta", "quotaMode": "counter"},
     )
     assert_error(status, body, "CONFLICT", 409)
-    assert body["error"]["details"] == [
+    assert error_details(body) == [
         {
             "field": "quota.gpu",
             "message": "4 in use, above a limit of 2",

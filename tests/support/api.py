@@ -13,6 +13,7 @@ from typing import Any
 from rest_framework.test import APIClient
 
 from inventory.models import Pool
+from tests.support.envelope import error_details
 
 ClientFor = Callable[[str | None, str], APIClient]
 
@@ -64,7 +65,7 @@ def assert_error(status: int, body: dict[str, Any], code: str, http: int) -> Non
 def invalid_fields(status: int, body: dict[str, Any]) -> set[str]:
     """The fields an INVALID_INPUT answer names (its message names one of them first)."""
     assert_error(status, body, "INVALID_INPUT", 400)
-    fields = {detail["field"] for detail in body["error"]["details"]}
+    fields = {detail["field"] for detail in error_details(body)}
     assert body["error"]["message"].split(":")[0] in fields
     return fields
 
