@@ -54,6 +54,25 @@ lint: $(STAMP)
 	# The committed API document is valid OpenAPI 3.1 (tests/core/test_openapi_document.py checks
 	# that it is the one the server serves).
 	$(BIN)/openapi-spec-validator docs/openapi.json
+	# Prometheus's own checks (Debian's `prometheus` package brings promtool): the alert rules and
+	# their unit tests, the scrape config's syntax, and a scrape of the service. The scrape needs a
+	# database, so these two lines use the default one (the embedded server unless DATABASE_URL).
+	# Without promtool they are skipped in one line, or fail under REQUIRE_PROMETHEUS=1 (CI).
+	@if command -v promtool >/dev/null 2>&1; then \
+		set -e; \
+		promtool check rules deploy/prometheus/alerts.yml; \
+		promtool test rules deploy/prometheus/alerts_test.yml; \
+		promtool check config --syntax-only deploy/prometheus/prometheus.yml; \
+		DEBUG=1 $(BIN)/python manage.py migrate --no-input -v0; \
+		scrape=$$(mktemp); trap 'rm -f "$$scrape"' EXIT; \
+		DEBUG=1 $(BIN)/python manage.py metrics > "$$scrape"; \
+		promtool check metrics < "$$scrape"; \
+		echo "promtool: the rules, their tests, the scrape config and a scrape are valid"; \
+	elif [ "$(REQUIRE_PROMETHEUS)" = 1 ]; then \
+		echo "REQUIRE_PROMETHEUS=1 but promtool is missing: apt-get install prometheus" >&2; exit 1; \
+	else \
+		echo "promtool missing: skipped the checks of deploy/prometheus/ and of a scrape (apt-get install prometheus)"; \
+	fi
 
 # The picture of the layers in docs/architecture.md, drawn from the imports, and its list of
 # every module; tests/guarantees/test_architecture_{picture,modules}.py fail until both are redrawn.

@@ -139,19 +139,19 @@ def _worker() -> Iterator[Family]:
         "gauge",
         "How long a job's work has been left undone: 0 after a success, the time since its last "
         "success while it fails, the time since it started while it runs (-1: never succeeded).",
-        ("job",),
+        ("worker_job",),
     )
     duration = Family(
         "better_compute_worker_job_last_duration_seconds",
         "gauge",
         "How long the job's last finished run took.",
-        ("job",),
+        ("worker_job",),
     )
     failing = Family(
         "better_compute_worker_job_failing",
         "gauge",
         "1 when the job's last run failed.",
-        ("job",),
+        ("worker_job",),
     )
     for job in status.jobs:
         lag.add((job.name,), round(job.lag, 3) if job.lag is not None else -1)

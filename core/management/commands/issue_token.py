@@ -1,4 +1,4 @@
-"""`issue_token --tenant T --role R [--name N] [--expires 30d]`; `--platform` for operators and agents.
+"""`issue_token --tenant T --role R [--name N] [--expires 30d]`; `--platform` for platform roles.
 
 A node-agent token says which nodes it reports for: `--pool POOL_ID` (the
 pool's nodes), `--node NODE_ID` (one node) or, on purpose, `--all-nodes`.
@@ -29,7 +29,9 @@ class Command(BaseCommand):
         scope = parser.add_mutually_exclusive_group(required=True)
         scope.add_argument("--tenant", help="the tenant a viewer or member token acts for")
         scope.add_argument(
-            "--platform", action="store_true", help="bind an operator or node-agent token to the platform"
+            "--platform",
+            action="store_true",
+            help="bind an operator, node-agent or metrics token to the platform",
         )
         parser.add_argument("--role", required=True, choices=Role.values)
         nodes = parser.add_mutually_exclusive_group()
@@ -47,7 +49,9 @@ class Command(BaseCommand):
         pool_id: str = options["pool"] or ""
         node_id: str = options["node"] or ""
         if options["platform"] and role not in PLATFORM_ROLES:
-            raise CommandError(f"--platform is for operator, node-agent and metrics tokens; a {role} needs --tenant")
+            raise CommandError(
+                f"--platform is for operator, node-agent and metrics tokens; a {role} needs --tenant"
+            )
         if tenant_id is not None and role in PLATFORM_ROLES:
             raise CommandError(f"a {role} token is bound to the platform: use --platform, not --tenant")
         narrowed = bool(pool_id or node_id or options["all_nodes"])
