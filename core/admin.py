@@ -197,7 +197,9 @@ class TokenIssueForm(forms.Form):
     tenant = forms.CharField(
         required=False,
         max_length=128,
-        help_text="Viewer and member tokens need a tenant; operator, node-agent and metrics tokens must have none.",
+        help_text=(
+            "Viewer and member tokens need a tenant; operator, node-agent and metrics tokens must have none."
+        ),
     )
     scope_pool = forms.CharField(
         required=False,

@@ -105,7 +105,8 @@ def test_worker_jobs_lag_duration_and_behind(db: Any) -> None:
     worker_job_finished(name="repair", holder="test", seconds=1.5, count=0, error="boom")
     worker_job_finished(name=HEARTBEAT_ROW, holder="test", seconds=0.0, count=0)
     samples = scrape()
-    assert value(samples, "better_compute_worker_job_last_duration_seconds", worker_job="bookings-advance") == 0.25
+    duration = "better_compute_worker_job_last_duration_seconds"
+    assert value(samples, duration, worker_job="bookings-advance") == 0.25
     assert value(samples, "better_compute_worker_job_lag_seconds", worker_job="bookings-advance") == 0
     assert value(samples, "better_compute_worker_job_failing", worker_job="repair") == 1
     # A job that never succeeded has no lag to tell: -1.
