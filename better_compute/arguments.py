@@ -11,6 +11,10 @@ import re
 from datetime import datetime
 
 
+class UsageError(Exception):
+    """A value the CLI cannot send (exit 2)."""
+
+
 def parse_time(text: str) -> int:
     """ISO-8601 (naive means local time), epoch milliseconds, or `now`, as epoch milliseconds."""
     value = text.strip()

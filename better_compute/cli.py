@@ -16,8 +16,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from better_compute import __version__, render, render_capacity, render_placement, render_reservations
-from better_compute.arguments import parse_duration, parse_time, positive_int
+from better_compute import (
+    __version__,
+    maintenance,
+    render,
+    render_capacity,
+    render_placement,
+    render_reservations,
+)
+from better_compute.arguments import UsageError, parse_duration, parse_time, positive_int
 from better_compute.client import ApiError, Client, Unreachable
 from better_compute.config import DEFAULT_URL, ConfigError, Settings, resolve
 from better_compute.device_match import SelectorError, parse_selector
@@ -47,10 +54,6 @@ STATES = ("scheduled", "active", "ended", "released", "preempted")
 # The device class a pool of each sharing mode sells (the server refuses the others).
 CLASS_FOR_SHARING = render_capacity.HEADLINE
 MAX_PAGES = 10_000
-
-
-class UsageError(Exception):
-    """A value the CLI cannot send (exit 2)."""
 
 
 # --- The parser --------------------------------------------------------------------
@@ -131,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _reservation_commands(command)
     _list_command(command)
     _timeline_command(command)
+    maintenance.add_commands(command, _common)
     return parser
 
 
@@ -238,7 +242,8 @@ class Context:
     def __init__(self, args: argparse.Namespace, settings: Settings) -> None:
         self.args = args
         self.settings = settings
-        self.tenant = settings.require_tenant()
+        # The operators' commands (`maintenance`) act on the platform: they need no tenant.
+        self.tenant = settings.require_tenant() if getattr(args, "needs_tenant", True) else ""
         self.client = Client(settings.url, settings.require_token())
         self.as_json: bool = bool(args.json)
         self._summary: dict[str, Any] | None = None

@@ -8,12 +8,21 @@ screen reader.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
 from django.utils.safestring import SafeString, mark_safe
+
+from capacity.chart_windows import (
+    MAINTENANCE_FILL,
+    TIMELINE_STRIP,
+    WINDOW_LANE_GAP,
+    gantt_windows,
+    timeline_windows,
+)
 
 
 @dataclass(frozen=True)
@@ -156,16 +165,21 @@ class _TimelinePlot:
         return self.bottom - self.height * value / self.peak
 
 
-def timeline_svg(*, timeline: dict[str, Any], width: int = 860, height: int = 260) -> SafeString:
+def timeline_svg(
+    *, timeline: dict[str, Any], windows: Sequence[Any] = (), width: int = 860, height: int = 260
+) -> SafeString:
     """Booked vs free GPUs per time bucket, as stacked columns with the allocatable line.
 
     `timeline` is what `capacity.selectors.timeline.timeline_compute` returns:
     `{"allocatable": int, "buckets": [{"start", "end", "booked", "free"}]}` with
-    times in epoch milliseconds.
+    times in epoch milliseconds. `windows` are the maintenance windows overlapping
+    it (anything with `reason`, `starts_at`, `ends_at`, `node_ids`, e.g.
+    `reservations.maintenance.windows.WindowRef`): each is a shaded, labelled band.
     """
     buckets = list(timeline.get("buckets") or [])
     allocatable = int(timeline.get("allocatable") or 0)
-    left, right, top, bottom = 44, 12, 36, 46
+    # With windows, a strip above the plot carries their reasons, clear of the columns' numbers.
+    left, right, top, bottom = 44, 12, 36 + (TIMELINE_STRIP if windows else 0), 46
     peak = max([allocatable] + [int(b.get("booked", 0)) + int(b.get("free", 0)) for b in buckets] + [1])
     plot = _TimelinePlot(left, top, width - left - right, height - top - bottom, peak)
     out = [
@@ -177,10 +191,12 @@ def timeline_svg(*, timeline: dict[str, Any], width: int = 860, height: int = 26
         '</pattern><pattern id="tl-free" width="6" height="6" patternUnits="userSpaceOnUse">'
         '<rect width="6" height="6" fill="#dcfce7"/><circle cx="3" cy="3" r="1.1" fill="#16a34a"/>'
         "</pattern></defs>",
+        MAINTENANCE_FILL.format(id="tl-maintenance").join(("<defs>", "</defs>")) if windows else "",
         *_timeline_axes(plot, empty=not buckets),
+        *timeline_windows(plot, buckets, windows),
         *_timeline_columns(plot, buckets),
         *_timeline_allocatable(plot, allocatable),
-        _timeline_legend(left, height - 12),
+        _timeline_legend(left, height - 12, windows=bool(windows)),
         "</svg>",
     ]
     return mark_safe("".join(out))  # noqa: S308 - numbers and fixed labels only
@@ -268,6 +284,7 @@ _GANTT_LEGEND = (
     (120, 'fill="url(#gantt-spot)"', "spot (hatched)"),
     (240, 'fill="#9ca3af"', "layout change (grey)"),
     (390, 'fill="#fff" stroke="#dc2626" stroke-width="2.5"', "at risk (red outline)"),
+    (530, 'fill="url(#gantt-maintenance)"', "maintenance window"),
 )
 
 
@@ -280,10 +297,17 @@ def _legend(left: int, ly: int, entries: tuple[tuple[int, str, str], ...]) -> st
     )
 
 
-def _timeline_legend(left: int, ly: int) -> str:
+def _timeline_legend(left: int, ly: int, *, windows: bool = False) -> str:
     """The legend and the chart's heading: pattern swatches and words, so it reads without colour."""
+    band = (
+        f'<rect x="{left + 520}" y="{ly - 10}" width="12" height="12" fill="url(#tl-maintenance)"/>'
+        f'<text x="{left + 536}" y="{ly}" font-size="11" fill="#111">maintenance window (shaded)</text>'
+        if windows
+        else ""
+    )
     return (
-        _legend(left, ly, _TIMELINE_LEGEND)
+        band
+        + _legend(left, ly, _TIMELINE_LEGEND)
         + f'<line x1="{left + 320}" y1="{ly - 4}" x2="{left + 344}" y2="{ly - 4}" stroke="#111" '
         f'stroke-width="1.5" stroke-dasharray="6 3"/>'
         f'<text x="{left + 350}" y="{ly}" font-size="11" fill="#111">allocatable now (dashed)</text>'
@@ -316,12 +340,16 @@ def gantt_svg(*, gantt: Any, width: int = 860) -> SafeString:
     """A node's atoms as rows and their bookings as bars over the window (`operations.selectors.node_gantt`).
 
     A bar's fill says what holds the atom: a regular reservation (solid blue),
-    a spot one (hatched purple) or a layout change (grey); a reservation at
-    risk gets a thick red outline. Each bar's `<title>` names the reservation,
-    its tenant, its state and its window; a dashed line marks now.
+    a spot one (hatched purple), a layout change (grey) or a maintenance
+    window (amber, crossed); a reservation at risk gets a thick red outline.
+    Each bar's `<title>` names the reservation, its tenant, its state and its
+    window; a dashed line marks now. The node's maintenance windows also get a
+    row of their own above the atoms, each bar labelled with its reason.
     """
     rows = list(gantt.atoms)
-    left, right, top, row_h = 190, 12, 34, 16
+    windows = list(getattr(gantt, "windows", []))
+    left, right, row_h = 190, 12, 16
+    top = 34 + (row_h + WINDOW_LANE_GAP if windows else 0)
     plot = _GanttPlot(left, top, width - left - right, row_h, len(rows), gantt.start, gantt.end)
     height = plot.bottom + 44
     index = {uid: i for i, (uid, _) in enumerate(rows)}
@@ -332,10 +360,11 @@ def gantt_svg(*, gantt: Any, width: int = 860) -> SafeString:
         f" to {gantt.end:%Y-%m-%d %H:%M} UTC</title>",
         '<defs><pattern id="gantt-spot" width="6" height="6" patternUnits="userSpaceOnUse">'
         '<rect width="6" height="6" fill="#7c3aed"/><path d="M0,6 L6,0" stroke="#fff" stroke-width="1.3"/>'
-        "</pattern></defs>",
+        f"</pattern>{MAINTENANCE_FILL.format(id='gantt-maintenance')}</defs>",
         f'<text x="{left}" y="14" font-size="12" font-weight="bold" fill="#111">'
         "Bookings per atom (UTC)</text>",
         *_gantt_rows(plot, rows),
+        *gantt_windows(plot, windows),
         *_gantt_ticks(plot),
         *(_gantt_bar(plot, bar, row=index[bar.uid]) for bar in gantt.bars),
         *_gantt_now(plot, gantt.now),
@@ -379,14 +408,20 @@ def _gantt_bar(plot: _GanttPlot, bar: Any, *, row: int) -> str:
     """One booking: its fill says what holds the atom, its `<title>` who, in what state, when."""
     y = plot.top + row * plot.row_h + 1
     x0, x1 = plot.x_of(bar.start), plot.x_of(bar.end)
-    if bar.reservation_id is None:
+    window_id = getattr(bar, "window_id", None)
+    if window_id is not None:
+        fill, kind = "url(#gantt-maintenance)", "maintenance"
+    elif bar.reservation_id is None:
         fill, kind = "#9ca3af", "layout change"
     elif bar.spot:
         fill, kind = "url(#gantt-spot)", "spot"
     else:
         fill, kind = "#2563eb", "regular"
     outline = ' stroke="#dc2626" stroke-width="2.5"' if bar.at_risk else ""
-    who = f"{bar.reservation_id} ({bar.tenant_id})" if bar.reservation_id else "layout change"
+    if window_id is not None:
+        who = f"maintenance window: {bar.window_reason} ({window_id})"
+    else:
+        who = f"{bar.reservation_id} ({bar.tenant_id})" if bar.reservation_id else "layout change"
     risk = ", at risk" if bar.at_risk else ""
     return (
         f'<rect class="gantt-bar gantt-{kind.replace(" ", "-")}{" gantt-at-risk" if bar.at_risk else ""}"'

@@ -17,6 +17,7 @@ from typing import Any
 from django.db import transaction
 
 from core.services import tenants_upsert
+from fleets.maintenance import windows_load
 from fleets.spec import BATCH_NODES, NodeSpec, PoolSpec, Progress, fleet_parse
 from inventory.models import Node, Pool
 from inventory.services.pools import pool_create, pool_set_archived, pool_update
@@ -36,14 +37,19 @@ def fleet_load(*, data: Any, actor: str = "fleet-loader", progress: Progress | N
     as given. An offer's `quotaMode` applies to its quota rows; without one a
     row keeps its mode (`counter` when new). Records absent from the file are
     left alone: a fleet file adds and updates, it never deletes. Pools changed
-    through the API are kept as they are and listed under `keptByApi`.
+    through the API are kept as they are and listed under `keptByApi`. Maintenance
+    windows are scheduled once (`fleets.maintenance`) and answered under `maintenance`.
     """
     spec = fleet_parse(data=data)
     with transaction.atomic():
         tenants_upsert(names=spec.tenants)
         pool_ids, kept = _load_pools(spec.pools, actor=actor)
         node_ids = _load_nodes(spec.nodes, pool_ids, actor=actor, progress=progress)
+        # After the nodes (a window names them); a refused window refuses the whole file.
+        windows = windows_load(spec.maintenance, node_ids, actor=actor) if spec.maintenance else None
     answer: dict[str, Any] = {"pools": pool_ids, "nodes": node_ids}
+    if windows is not None:
+        answer["maintenance"] = windows
     if kept:
         answer["keptByApi"] = kept
     return answer

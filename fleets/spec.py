@@ -14,6 +14,7 @@ from typing import Any
 
 from core.errors import InvalidInput
 from core.json_input import printable_name, text_problem
+from fleets.maintenance import WindowSpec, windows_parse
 from inventory.choices import (
     ALL_RESOURCES,
     SLOT_SHARING,
@@ -76,6 +77,7 @@ class FleetSpec:
     tenants: dict[str, str] = field(default_factory=dict)
     pools: list[PoolSpec] = field(default_factory=list)
     nodes: list[NodeSpec] = field(default_factory=list)
+    maintenance: list[WindowSpec] = field(default_factory=list)
 
 
 class _Errors:
@@ -382,9 +384,9 @@ def fleet_parse(*, data: Any) -> FleetSpec:
     """Validate a whole fleet document; raise `InvalidInput` naming every bad field by its path."""
     errors = _Errors()
     spec = FleetSpec()
-    if not _check_keys(errors, "fleet", data, set(), {"tenants", "pools", "nodes"}):
+    if not _check_keys(errors, "fleet", data, set(), {"tenants", "pools", "nodes", "maintenance"}):
         raise InvalidInput("a fleet file is a JSON object", errors.items)
-    for name in ("tenants", "pools", "nodes"):
+    for name in ("tenants", "pools", "nodes", "maintenance"):
         if not isinstance(data.get(name, []), list):
             errors.add(name, "must be a list")
     if errors.items:
@@ -431,6 +433,7 @@ def fleet_parse(*, data: Any) -> FleetSpec:
                 errors.add(f"nodes[{i}].report.gpus[{k}].uuid", f"GPU {gpu.uuid} also on {uids[gpu.uuid]}")
             uids[gpu.uuid] = node.hostname
         spec.nodes.append(node)
+    spec.maintenance = windows_parse(errors.add, data.get("maintenance", []), hostnames)
 
     if errors.items:
         raise InvalidInput.from_details(errors.items, more=True)

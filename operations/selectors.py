@@ -249,6 +249,19 @@ class GanttBar:
     state: str
     spot: bool
     at_risk: bool
+    # The maintenance window a `maintenance` booking holds the atom for, and its reason.
+    window_id: str | None = None
+    window_reason: str = ""
+
+
+@dataclass(frozen=True)
+class GanttWindow:
+    """A maintenance window of the node, over the whole window (its bar is clipped when drawn)."""
+
+    window_id: str
+    reason: str
+    start: datetime
+    end: datetime
 
 
 @dataclass(frozen=True)
@@ -260,6 +273,7 @@ class Gantt:
     start: datetime
     end: datetime
     now: datetime
+    windows: list[GanttWindow] = field(default_factory=list)
 
 
 # One query for the chart: the window around the database's now, the node's
@@ -272,7 +286,8 @@ WITH w AS (
            compute_now() AS now
 )
 SELECT w.lo, w.hi, w.now, d.uid, d.device_class, lower(b.during), upper(b.during), r.id, r.tenant_id,
-       r.state, COALESCE(r.spot, false), r.at_risk_since IS NOT NULL, b.purpose
+       r.state, COALESCE(r.spot, false), r.at_risk_since IS NOT NULL, b.purpose,
+       mw.id, mw.reason, mw.starts_at, mw.ends_at
   FROM w
   LEFT JOIN inventory_device d ON d.node_id = %(node)s AND d.bookable
   LEFT JOIN device_bookings b
@@ -281,6 +296,7 @@ SELECT w.lo, w.hi, w.now, d.uid, d.device_class, lower(b.during), upper(b.during
         AND lower(b.during) < w.hi
   LEFT JOIN reservations_allocation a ON a.id = b.allocation_id
   LEFT JOIN reservations_reservation r ON r.id = a.reservation_id
+  LEFT JOIN reservations_maintenancewindow mw ON mw.id = b.window_id
  ORDER BY d.uid, lower(b.during)
 """
 
@@ -289,16 +305,21 @@ def node_gantt(*, node: Node, hours: int) -> Gantt:
     """Every bookable atom of the node and its bookings over `hours` around now (a quarter of it past)."""
     atoms: dict[str, str] = {}
     bars: list[GanttBar] = []
+    windows: dict[str, GanttWindow] = {}
     with connection.cursor() as cursor:
         cursor.execute(_GANTT_SQL, {"node": node.pk, "before": hours * 900, "after": hours * 2700})
         rows = cursor.fetchall()
     start, end, now = rows[0][:3]
-    for _lo, _hi, _now, uid, device_class, lower, upper, rid, tenant, state, spot, at_risk, purpose in rows:
+    for row in rows:
+        uid, device_class, lower, upper, rid, tenant, state, spot, at_risk, purpose = row[3:13]
+        window_id, window_reason, window_start, window_end = row[13:]
         if uid is None:
             continue
         atoms.setdefault(uid, device_class)
         if lower is None:
             continue
+        if window_id is not None:
+            windows.setdefault(window_id, GanttWindow(window_id, window_reason, window_start, window_end))
         bars.append(
             GanttBar(
                 uid=uid,
@@ -309,6 +330,9 @@ def node_gantt(*, node: Node, hours: int) -> Gantt:
                 state=state or purpose,
                 spot=bool(spot),
                 at_risk=bool(at_risk),
+                window_id=window_id,
+                window_reason=window_reason or "",
             )
         )
-    return Gantt(atoms=list(atoms.items()), bars=bars, start=start, end=end, now=now)
+    ordered = sorted(windows.values(), key=lambda w: (w.start, w.window_id))
+    return Gantt(atoms=list(atoms.items()), bars=bars, start=start, end=end, now=now, windows=ordered)

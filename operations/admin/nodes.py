@@ -40,6 +40,7 @@ from operations.admin.console import (
     at_risk_context,
     can_operate,
 )
+from operations.admin.maintenance import plan_maintenance_action, plan_maintenance_view
 from operations.admin.node_actions import OPERATION_LABELS, DeviceHealthForm, NodeOperation, node_operations
 from operations.selectors import (
     GPU_ATOM_CLASSES,
@@ -165,7 +166,7 @@ class NodeAdmin(ConsoleAdmin):
     # Every field the schedulability predicate reads is written by a service
     # (cordon, taint, maintenance) or by node reports; labels are the operator's.
     readonly_fields = tuple(f for f in flatten_fieldsets(fieldsets) if f != "labels")
-    actions = [_operation_action(op) for op in OPERATION_LABELS]
+    actions = [*(_operation_action(op) for op in OPERATION_LABELS), plan_maintenance_action]
 
     node_id = copyable_id_column()
 
@@ -215,7 +216,12 @@ class NodeAdmin(ConsoleAdmin):
         return [
             ("operate/<str:op>/", self.operate_view, "inventory_node_operate"),
             ("device/<int:device_id>/health/", self.device_health_view, "inventory_node_device_health"),
+            ("maintenance/plan/", self.plan_maintenance_view, "inventory_node_plan_maintenance"),
         ]
+
+    def plan_maintenance_view(self, request: HttpRequest) -> HttpResponse:
+        """The impact page of a planned window, then its booking (`operations.admin.maintenance`)."""
+        return plan_maintenance_view(self, request)
 
     def console_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         node = get_object_or_404(Node.objects.select_related("pool", "pool__owner", "owner"), pk=object_id)

@@ -34,6 +34,7 @@ from operations.admin.console import (
     at_risk_context,
     can_operate,
 )
+from reservations.maintenance.windows import WindowRef, windows_overlapping
 from reservations.models import ROLLUP_COUNTS, PoolCapacityRollup
 
 ROLLUP_COLUMNS = ROLLUP_COUNTS
@@ -221,10 +222,17 @@ def _timeline_context(request: HttpRequest, pool: Pool) -> dict[str, Any]:
     return {
         "timeline_rows": rows,
         "timeline_form": form,
-        "timeline_svg": charts.timeline_svg(timeline=data),
+        "timeline_svg": charts.timeline_svg(timeline=data, windows=_timeline_windows(pool, rows)),
         "timeline": data,
         "timeline_error": error,
     }
+
+
+def _timeline_windows(pool: Pool, rows: list[dict[str, Any]]) -> list[WindowRef]:
+    """The live maintenance windows on the pool's nodes that overlap the chart's range."""
+    if not rows:
+        return []
+    return windows_overlapping(start=rows[0]["start"], end=rows[-1]["end"], pool_id=pool.pk)
 
 
 def _age(now: Any, then: Any) -> str:

@@ -3,6 +3,7 @@ the filters, the node page's queries, and the charts."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -326,6 +327,44 @@ def test_timeline_chart_draws_one_column_per_bucket_with_its_numbers() -> None:
     assert ": 3 booked</title>" in svg and ": 5 free</title>" in svg
     assert "allocatable 8" in svg
     assert "booked GPUs (hatched)" in svg and "free GPUs (dotted)" in svg
+
+
+def test_timeline_chart_shades_a_maintenance_window_clipped_to_its_range() -> None:
+    from datetime import UTC, datetime
+
+    from capacity import charts
+    from reservations.maintenance.windows import WindowRef
+
+    start = datetime(2030, 1, 1, tzinfo=UTC)
+    buckets = [
+        {
+            "start": int((start + timedelta(hours=i)).timestamp() * 1000),
+            "end": int((start + timedelta(hours=i + 1)).timestamp() * 1000),
+            "booked": 1,
+            "free": 7,
+        }
+        for i in range(4)
+    ]
+    inside = WindowRef(
+        "mw_1", "firmware", start + timedelta(hours=1), start + timedelta(hours=2), ("n1", "n2")
+    )
+    # Starts before the chart: its band begins at the chart's left edge.
+    early = WindowRef("mw_2", "psu", start - timedelta(hours=3), start + timedelta(minutes=30), ("n3",))
+    outside = WindowRef("mw_3", "later", start + timedelta(hours=9), start + timedelta(hours=10), ("n3",))
+    svg = str(
+        charts.timeline_svg(timeline={"allocatable": 8, "buckets": buckets}, windows=[inside, early, outside])
+    )
+    assert svg.count('class="tl-window"') == 2
+    assert "maintenance window: firmware on 2 nodes, 01-01 01:00 to 01-01 02:00" in svg
+    assert ">psu</text>" in svg and "later" not in svg
+    assert "maintenance window (shaded)" in svg
+    # The band of the window from 01:00 to 02:00 is a quarter of the plot, from its quarter mark.
+    band = svg.split('class="tl-window" ', 1)[1]
+    x, width = (float(v) for v in re.findall(r'(?:x|width)="([0-9.]+)"', band)[:2])
+    assert (round(x - 44, 1), round(width, 1)) == (201.0, 201.0)
+    # Without windows the chart has neither bands nor their legend.
+    plain = str(charts.timeline_svg(timeline={"allocatable": 8, "buckets": buckets}))
+    assert "tl-window" not in plain and "maintenance window" not in plain
 
 
 def test_editing_a_node_resource_moves_the_pools_scalar_capacity_at_once(

@@ -14,6 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from core.clock import compute_now
 from inventory.models import Device, Node, Pool
 from operations.selectors import node_gantt
 from reservations.models import Reservation
@@ -72,3 +73,56 @@ def test_the_chart_is_one_query_however_many_bookings(owned_pool: Pool) -> None:
     assert len(queries) == 1
     assert len(gantt.atoms) == 4 and len(gantt.bars) == 3
     assert all(gantt.start <= bar.start < bar.end <= gantt.end for bar in gantt.bars)
+
+
+@pytest.mark.django_db
+def test_a_maintenance_window_is_its_own_bar_labelled_with_its_reason(
+    operator: Client, owned_pool: Pool
+) -> None:
+    from reservations.maintenance.services import maintenance_schedule
+
+    node, regular, _ = booked_node(owned_pool)
+    now = compute_now()
+    impact = maintenance_schedule(
+        node_ids=[node.pk],
+        starts_at=now + timedelta(hours=6),
+        ends_at=now + timedelta(hours=8),
+        reason="firmware <b>2.1</b>",
+        actor="test",
+    )
+    window = impact.window
+    listing = operator.get(reverse("admin:inventory_node_changelist")).content.decode()
+    (link,) = [href for href in links_of(listing) if href.endswith("/change/")]
+    chart = operator.get(link).content.decode().split('id="node-gantt"', 1)[1].split("</svg>", 1)[0]
+    # One bar in the windows' row, labelled with the reason (escaped), over a shaded band.
+    assert chart.count('class="gantt-window"') == 1 and chart.count('class="gantt-window-band"') == 1
+    assert ">maintenance windows</text>" in chart
+    assert ">firmware &lt;b&gt;2.1&lt;/b&gt;</text>" in chart
+    assert f"maintenance window: firmware &lt;b&gt;2.1&lt;/b&gt; ({window.pk})" in chart
+    # Each atom's hold is drawn as maintenance, not as a layout change; the reservations as before.
+    assert chart.count('class="gantt-bar gantt-maintenance"') == 4
+    assert "gantt-layout-change" not in chart
+    assert chart.count(f"{regular.pk} (acme), active, regular") == 2
+    assert ">maintenance window</text>" in chart
+
+
+@pytest.mark.django_db
+def test_the_chart_with_a_window_is_still_one_query(owned_pool: Pool) -> None:
+    from reservations.maintenance.services import maintenance_schedule
+
+    node, _, _ = booked_node(owned_pool)
+    now = compute_now()
+    window = maintenance_schedule(
+        node_ids=[node.pk],
+        starts_at=now + timedelta(hours=6),
+        ends_at=now + timedelta(hours=8),
+        reason="firmware",
+        actor="test",
+    ).window
+    with CaptureQueriesContext(connection) as queries:
+        gantt = node_gantt(node=node, hours=24)
+    assert len(queries) == 1
+    assert [(w.window_id, w.reason, w.start, w.end) for w in gantt.windows] == [
+        (window.pk, "firmware", window.starts_at, window.ends_at)
+    ]
+    assert sum(1 for bar in gantt.bars if bar.window_id == window.pk) == 4
