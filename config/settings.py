@@ -164,6 +164,7 @@ SPECTACULAR_SETTINGS = {
         "ChangeKind": "reservations.models.DeliveryKind.values",
         "DeviceClass": "inventory.choices.DeviceClass.values",
         "ErrorCode": "core.errors.ERROR_CODES",
+        "MaintenanceWindowState": "reservations.models.MaintenanceWindowState.values",
         "NodeBucket": "operations.api.serializers.NODE_BUCKETS",
         "QuotaMode": "ledger.models.QuotaMode.values",
         "ReservationState": "reservations.models.ReservationState.values",
