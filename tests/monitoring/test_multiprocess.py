@@ -3,6 +3,7 @@ and a single `GET /metrics` that counts every one of them, whichever worker answ
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -49,6 +50,10 @@ def test_one_scrape_counts_the_requests_of_both_gunicorn_workers(tmp_path: Path)
             status, body = web.call(METHOD, token, {"tenantId": "acme"})
             assert status == 200, body
             made += 1
+        # gunicorn writes a request's access line after its answer has gone: wait for the last ones.
+        deadline = time.monotonic() + 10
+        while sum(served_by(web).values()) < made and time.monotonic() < deadline:
+            time.sleep(0.05)
         served = served_by(web)
         assert sum(served.values()) == made and len(served) == 2
         # From 127.0.0.1: METRICS_ALLOWED_NETS lets it in without a token.
