@@ -9,7 +9,7 @@ HTTP, its delivery to the node after the response included (the
 response, inside the request):
 
 * at most `MAX_MODULES` distinct project modules are entered, `core`'s helpers
-  not counted. A module is one job of an app: a top-level module
+  (and the metrics, which only watch) not counted. A module is one job of an app: a top-level module
   (`reservations.services`, `ledger.services.quota`) or a subpackage, whose files are
   the parts of one job (`reservations.placer`: plan, filters, commit);
 * no call enters a project module (outside `core`) that is already on the
@@ -42,6 +42,9 @@ from tests.support.factories import QuotaUsageFactory
 # The project's packages; `core` is the shared kernel every app may lean on.
 PROJECT = ("core", "inventory", "ledger", "reservations", "capacity", "operations", "worker", "fleets")
 MAX_MODULES = 10
+# A create that displaces spot reservations was first refused in plain mode, and a refusal names
+# the maintenance windows that hold the pool's nodes then (`reservations.maintenance`).
+MAX_MODULES_DISPLACING = MAX_MODULES + 1
 
 
 def _project_module(frame: FrameType) -> str | None:
@@ -49,8 +52,13 @@ def _project_module(frame: FrameType) -> str | None:
     return module if module.split(".")[0] in PROJECT else None
 
 
+# The metrics only watch the path (a middleware around it, the placer's observers): like `core`,
+# they are no step of it, and counting them would make every create look one module longer.
+OBSERVING = ("operations.metrics",)
+
+
 def _is_core(module: str) -> bool:
-    return module.split(".")[0] == "core"
+    return module.split(".")[0] == "core" or module.startswith(OBSERVING)
 
 
 def unit_of(module: str) -> str:
@@ -149,7 +157,7 @@ def test_a_create_that_displaces_spot_reservations_never_calls_back_into_a_modul
     )
     created, recorder = _measured(owner_client, owned_pool)
     assert created.json()["state"] == "scheduled"  # it starts when the notice runs out
-    _assert_path(recorder)
+    _assert_path(recorder, most=MAX_MODULES_DISPLACING)
 
 
 @pytest.mark.django_db(transaction=True)
