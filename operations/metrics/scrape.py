@@ -17,19 +17,10 @@ from core.worker_status import worker_status
 from inventory.schedulability import bucket_sql
 from operations.metrics.events import event_counts
 from operations.metrics.text import Family
+from reservations.models import ROLLUP_COUNTS
 
 # The rollup's columns, in the order of the query below: each is a `column` label value.
-CAPACITY_COLUMNS = (
-    "total",
-    "allocatable",
-    "allocated",
-    "reserved",
-    "available",
-    "provisioning",
-    "unhealthy",
-    "maintenance",
-    "unreachable",
-)
+CAPACITY_COLUMNS = ROLLUP_COUNTS
 POOL_LABELS = ("pool_id", "pool", "owner", "gpu_model")
 
 _CAPACITY_SQL = f"""
