@@ -101,6 +101,8 @@ class _Frame:
     stage: str
     started: float
     nested: float = 0.0
+    cpu_started: float = 0.0
+    cpu_nested: float = 0.0
 
 
 @dataclass
@@ -108,6 +110,8 @@ class _Sample:
     """One request: each stage's own seconds, statements and SQL seconds."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    # The process's CPU time (`time.process_time`) per stage: Python's work, not the database's.
+    cpu: dict[str, float] = field(default_factory=dict)
     statements: dict[str, int] = field(default_factory=dict)
     sql_seconds: dict[str, float] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
@@ -135,17 +139,20 @@ class Profiler:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self._mine():
                 return original(*args, **kwargs)
-            frame = _Frame(stage=stage, started=time.perf_counter())
+            frame = _Frame(stage=stage, started=time.perf_counter(), cpu_started=time.process_time())
             self.stack.append(frame)
             try:
                 return original(*args, **kwargs)
             finally:
                 took = time.perf_counter() - frame.started
+                cpu = time.process_time() - frame.cpu_started
                 self.stack.pop()
                 if self.stack:
                     self.stack[-1].nested += took
+                    self.stack[-1].cpu_nested += cpu
                 own = self.sample
                 own.seconds[stage] = own.seconds.get(stage, 0.0) + took - frame.nested
+                own.cpu[stage] = own.cpu.get(stage, 0.0) + cpu - frame.cpu_nested
                 own.calls[stage] = own.calls.get(stage, 0) + 1
 
         return timed
@@ -208,8 +215,12 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _summary(samples: list[tuple[float, _Sample]]) -> dict[str, Any]:
-    """p50 and mean of the request and of each stage; a stage's share is its mean over the request's."""
+def _summary(samples: list[tuple[float, _Sample]], cpus: list[float]) -> dict[str, Any]:
+    """p50 and mean of the request and of each stage; a stage's share is its mean over the request's.
+
+    `cpus`: each request's CPU time in this process (`time.process_time`), the
+    figure that travels from machine to machine (the database's work is not in it).
+    """
     totals = [total for total, _ in samples]
     mean_total = statistics.fmean(totals)
     stages: dict[str, Any] = {}
@@ -226,12 +237,14 @@ def _summary(samples: list[tuple[float, _Sample]]) -> dict[str, Any]:
             "share": round(statistics.fmean(seconds) / mean_total, 4) if mean_total else 0.0,
             "statements": round(statistics.fmean(statements), 2),
             "sql_p50_ms": round(_median(sql) * 1000, 3),
+            "cpu_p50_ms": round(_median([s.cpu.get(stage, 0.0) for _, s in samples]) * 1000, 3),
             "calls": round(statistics.fmean([s.calls.get(stage, 0) for _, s in samples]), 2),
         }
     return {
         "n": len(samples),
         "p50_ms": round(_median(totals) * 1000, 3),
         "mean_ms": round(mean_total * 1000, 3),
+        "cpu_p50_ms": round(_median(cpus) * 1000, 3),
         "statements": round(statistics.fmean([sum(s.statements.values()) for _, s in samples]), 2),
         # The largest excess of the stages' sum over the request's time (never above 0).
         "stages_over_request_ms": round(max(sum(s.seconds.values()) - t for t, s in samples) * 1000, 6),
@@ -254,13 +267,18 @@ def profile_run(
     client = Client(SERVER_NAME=_host(), HTTP_AUTHORIZATION=f"Bearer {token}")
     profiler = Profiler()
     kept: dict[str, list[tuple[float, _Sample]]] = {"create": [], "release": []}
+    cpus: dict[str, list[float]] = {"create": [], "release": []}
     stamp = f"{time.time_ns():x}"
 
-    def call(method: str, body: dict[str, Any], expect: int) -> tuple[float, _Sample, dict[str, Any]]:
+    def call(
+        method: str, body: dict[str, Any], expect: int, keep: bool
+    ) -> tuple[float, _Sample, dict[str, Any]]:
         profiler.reset()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         response = client.post(f"/api/compute/reservations/{method}", json.dumps(body), "application/json")
         took = time.perf_counter() - started
+        if keep:
+            cpus[method].append(time.process_time() - cpu_started)
         answer: dict[str, Any] = json.loads(response.content)
         if response.status_code != expect:
             raise RuntimeError(f"reservations/{method} answered {response.status_code}: {answer}")
@@ -273,13 +291,14 @@ def profile_run(
     ):
         for index in range(warmup + samples):
             body = one_gpu_hour(tenant_id=tenant_id, pool_id=pool_id, key=f"profile-{stamp}-{index}")
-            took, sample, answer = call("create", body, 201)
+            took, sample, answer = call("create", body, 201, index >= warmup)
             if index >= warmup:
                 kept["create"].append((took, sample))
-            took, sample, _ = call("release", {"tenantId": tenant_id, "reservationId": answer["id"]}, 200)
+            ref = {"tenantId": tenant_id, "reservationId": answer["id"]}
+            took, sample, _ = call("release", ref, 200, index >= warmup)
             if index >= warmup:
                 kept["release"].append((took, sample))
-    return {"samples": samples, **{op: _summary(rows) for op, rows in kept.items()}}
+    return {"samples": samples, **{op: _summary(rows, cpus[op]) for op, rows in kept.items()}}
 
 
 def print_profile(profile: dict[str, Any], *, title: str = TITLE) -> None:
@@ -290,6 +309,7 @@ def print_profile(profile: dict[str, Any], *, title: str = TITLE) -> None:
         table.add_column(f"{op} share", justify="right")
         table.add_column("p50 ms", justify="right")
         table.add_column("SQL ms", justify="right")
+        table.add_column("CPU ms", justify="right")
         table.add_column("stmts", justify="right")
     create, release = profile["create"], profile["release"]
     for stage in (*STAGES, FRAMEWORK):
@@ -297,18 +317,20 @@ def print_profile(profile: dict[str, Any], *, title: str = TITLE) -> None:
         for op in (create, release):
             row = op["stages"][stage]
             if row["calls"] == 0 and stage != FRAMEWORK:
-                cells += ["", "", "", ""]
+                cells += ["", "", "", "", ""]
             else:
+                cpu = "" if stage == FRAMEWORK else f"{row['cpu_p50_ms']:.2f}"
                 cells += [
                     f"{row['share'] * 100:.1f} %",
                     f"{row['p50_ms']:.2f}",
                     f"{row['sql_p50_ms']:.2f}",
+                    cpu,
                     f"{row['statements']:g}",
                 ]
         table.add_row(stage, *cells)
     whole: list[str] = []
     for op in (create, release):
-        whole += ["100 %", f"{op['p50_ms']:.2f}", "", f"{op['statements']:g}"]
+        whole += ["100 %", f"{op['p50_ms']:.2f}", "", f"{op['cpu_p50_ms']:.2f}", f"{op['statements']:g}"]
     table.add_row("whole request", *whole, style="bold")
     console.print(table)
 

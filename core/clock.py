@@ -32,6 +32,10 @@ def compute_now() -> datetime:
 
 def set_clock_offset(offset: timedelta, *, local: bool = False) -> None:
     """Shift `compute_now()` for this connection (or, with local, this transaction)."""
+    from core.auth_cache import auth_cache_forget
+
+    # A remembered token was judged by the old clock (its expiry): judge it again.
+    auth_cache_forget()
     seconds = offset.total_seconds()
     with connection.cursor() as cursor:
         cursor.execute(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from datetime import timedelta
@@ -10,6 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Func
 
+from core.auth_cache import auth_cache_forget
 from core.authentication import TOKEN_PREFIX, token_digest
 from core.clock import compute_now
 from core.constants import NODE_ID_REGEX, POOL_ID_REGEX
@@ -131,6 +133,8 @@ def token_revoke(*, token: ApiToken, actor: str = "system") -> None:
         )
         if updated:
             audit_record(actor=actor, action="token.revoke", subject_type="token", subject_id=token.pk)
+    # The other processes forget it when the trigger's NOTIFY arrives; this one at once.
+    auth_cache_forget()
     token.refresh_from_db(fields=["revoked_at"])
 
 
@@ -152,6 +156,28 @@ def audit_record(
         reason=reason,
         data=data or {},
     )
+
+
+def audit_sql(*, source: str, action: str, subject_type: str) -> str:
+    """The INSERT of one audit event per `id` of `source`, for a CTE of the statement that makes the change.
+
+    As `audit_record`, in the caller's transaction, but costing no statement of
+    its own. Takes `%(audit_actor)s`, `%(audit_reason)s` and `%(audit_data)s`
+    (`audit_params()`).
+    """
+    for value in (action, subject_type):
+        if not value.replace(".", "").replace("_", "").isalnum():
+            raise ValueError(f"not an audit name: {value!r}")
+    return (
+        "INSERT INTO core_auditevent (at, actor, action, subject_type, subject_id, reason, data)"
+        f" SELECT compute_now(), %(audit_actor)s, '{action}', '{subject_type}', id, %(audit_reason)s,"
+        f" %(audit_data)s::jsonb FROM {source} RETURNING id"
+    )
+
+
+def audit_params(*, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> dict[str, str]:
+    """The parameters `audit_sql` takes."""
+    return {"audit_actor": actor, "audit_reason": reason, "audit_data": json.dumps(data or {})}
 
 
 def tenants_upsert(*, names: dict[str, str]) -> None:

@@ -25,10 +25,11 @@ expiry, settling ended reservations) is `reservations.lifecycle.deadlines`'s.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, connection, transaction
@@ -36,19 +37,21 @@ from django.dispatch import receiver
 
 from core.constants import DEADLOCK_DETECTED, WORKER_CHANNEL
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
-from core.services import audit_record
+from core.services import audit_params, audit_sql
 from inventory.models import Pool
 from reservations.delivery.daemon import AllocationFailed
 from reservations.delivery.outbox import deliver_after_commit, delivery_enqueue, delivery_params, enqueue_sql
 from reservations.delivery.signals import assignment_refused
 from reservations.models import DeliveryKind, Reservation
-from reservations.placer.commit import placement_charge, placement_commit
+from reservations.placer.commit import PlacementRestart, placement_charge, placement_commit
 from reservations.placer.cut import reservation_cut
 from reservations.placer.plan import placement_window
 from reservations.request.parse import canonical_request_digest
 from reservations.request.resolve import reservation_request_check
 from reservations.request.types import ReservationRequest
 from reservations.waits import LISTENER, RELEASE_CHANNEL, wait_for_release, wait_slot
+
+logger = logging.getLogger(__name__)
 
 RELEASE_ATTEMPTS = 3
 IDEMPOTENCY_CONSTRAINT = "reservation_unique_idempotency_key"
@@ -74,24 +77,35 @@ def _existing(request: ReservationRequest) -> Reservation | None:
     ).first()
 
 
-# The reservation's INSERT also writes its "assign" outbox row and wakes the worker
-# with its nearest new deadline (a lease, the start, the end, or the delivery's
-# retry), all in one statement. When the idempotency key is taken (ON CONFLICT DO
-# NOTHING), `r` is empty: no row, no delivery, no notification.
+# The reservation's INSERT also reads the transaction's clock (its window is
+# computed from it here, the same rule as `placement_window`, which checks it
+# next), writes its "assign" outbox row and wakes the worker with its nearest
+# new deadline (a lease, the start, the end, or the delivery's retry), all in one
+# statement. When the idempotency key is taken (ON CONFLICT DO NOTHING), `r` is
+# empty: no row, no delivery, no notification.
 _INSERT_RESERVATION_SQL = f"""
-WITH r AS (
+WITH clock AS MATERIALIZED (
+    SELECT compute_now() AS now
+), t AS (
+    SELECT now, GREATEST(COALESCE(%(asked_start)s::timestamptz, now), now) AS starts_at FROM clock
+), r AS (
     INSERT INTO reservations_reservation (id, tenant_id, pool_id, project_id, request, request_digest,
         idempotency_key, spot, binding, starts_at, ends_at, state, lease_seconds, lease_expires_at,
         release_reason, at_risk_reason, created_at)
-    VALUES (%(id)s, %(tenant_id)s, %(pool_id)s, %(project_id)s, %(request)s::jsonb, %(request_digest)s,
-        %(idempotency_key)s, %(spot)s, %(binding)s, %(starts_at)s, %(ends_at)s, %(state)s, %(lease_seconds)s,
-        %(lease_expires_at)s, '', '', compute_now())
+    SELECT %(id)s, %(tenant_id)s, %(pool_id)s, %(project_id)s, %(request)s::jsonb, %(request_digest)s,
+        %(idempotency_key)s, %(spot)s, %(binding)s, t.starts_at,
+        t.starts_at + make_interval(secs => %(duration)s),
+        CASE WHEN t.starts_at <= t.now THEN 'active' ELSE 'scheduled' END, %(lease_seconds)s,
+        CASE WHEN COALESCE(%(lease_seconds)s::int, 0) > 0
+             THEN t.now + make_interval(secs => %(lease_seconds)s) END,
+        '', '', t.now
+      FROM t
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-    RETURNING id, created_at, starts_at, ends_at, lease_expires_at
+    RETURNING id, created_at, starts_at, ends_at, state, lease_expires_at
 ), delivery AS (
     {enqueue_sql(source="r", kind=DeliveryKind.ASSIGN)}
 )
-SELECT r.created_at,
+SELECT r.created_at, r.starts_at, r.ends_at, r.state, r.lease_expires_at,
        pg_notify(%(worker_channel)s, to_json(LEAST(
            r.lease_expires_at, r.ends_at, CASE WHEN r.starts_at > r.created_at THEN r.starts_at END,
            delivery.next_attempt_at)) #>> '{{}}')
@@ -99,7 +113,10 @@ SELECT r.created_at,
 """
 
 
-def _insert_params(reservation: Reservation) -> dict[str, Any]:
+def _insert_params(reservation: Reservation, request: ReservationRequest) -> dict[str, Any]:
+    asked = None
+    if request.start_ms is not None:
+        asked = datetime.fromtimestamp(request.start_ms / 1000, tz=UTC)
     return {
         "id": reservation.id,
         "tenant_id": reservation.tenant_id,
@@ -110,11 +127,9 @@ def _insert_params(reservation: Reservation) -> dict[str, Any]:
         "idempotency_key": reservation.idempotency_key,
         "spot": reservation.spot,
         "binding": reservation.binding,
-        "starts_at": reservation.starts_at,
-        "ends_at": reservation.ends_at,
-        "state": reservation.state,
+        "asked_start": asked,
+        "duration": float(request.duration_seconds),
         "lease_seconds": reservation.lease_seconds,
-        "lease_expires_at": reservation.lease_expires_at,
         "worker_channel": WORKER_CHANNEL,
         **delivery_params(),
     }
@@ -136,9 +151,23 @@ class ReservationCreated:
         yield self.created
 
 
-def _create_once(*, request: ReservationRequest, digest: str, actor: str, pool: Pool) -> ReservationCreated:
+def _create(*, request: ReservationRequest, digest: str, actor: str, pool: Pool) -> ReservationCreated:
+    """One create, savepoint-free first; once more, careful (savepoints), if that lost a race after writing.
+
+    The restart rolls the first run back whole (the reservation row included),
+    so what the second run writes is all there is.
+    """
+    try:
+        return _create_once(request=request, digest=digest, actor=actor, pool=pool, careful=False)
+    except PlacementRestart as restart:
+        logger.info("create restarted, careful: %s", restart)
+        return _create_once(request=request, digest=digest, actor=actor, pool=pool, careful=True)
+
+
+def _create_once(
+    *, request: ReservationRequest, digest: str, actor: str, pool: Pool, careful: bool = True
+) -> ReservationCreated:
     with transaction.atomic():
-        window = placement_window(request=request)
         reservation = Reservation(
             tenant_id=request.tenant_id,
             pool_id=request.pool_id,
@@ -148,30 +177,36 @@ def _create_once(*, request: ReservationRequest, digest: str, actor: str, pool: 
             idempotency_key=request.idempotency_key,
             spot=request.spot,
             binding=request.binding,
-            starts_at=window.start,
-            ends_at=window.end,
-            state="active" if window.start <= window.now else "scheduled",
             lease_seconds=request.lease_seconds,
-            lease_expires_at=(
-                window.now + timedelta(seconds=request.lease_seconds) if request.lease_seconds else None
-            ),
         )
         # The unique (tenant, idempotency_key) index decides a race of two
         # identical creates: the second INSERT waits for the first transaction
         # and, if it committed, inserts nothing (no error, so no savepoint is
-        # needed around it); the winner's reservation is then answered.
+        # needed around it); the winner's reservation is then answered. A replay
+        # is answered so too, whatever its start has become since.
         with connection.cursor() as cursor:
-            cursor.execute(_INSERT_RESERVATION_SQL, _insert_params(reservation))
+            cursor.execute(_INSERT_RESERVATION_SQL, _insert_params(reservation, request))
             inserted = cursor.fetchone()
         if inserted is None:
             existing = _existing(request)
             if existing is None:  # pragma: no cover - the winner committed, so it is visible
                 raise IntegrityError(f"{IDEMPOTENCY_CONSTRAINT}: the winning create is not visible")
             return ReservationCreated(reservation=_same_or_conflict(existing, digest), created=False)
-        reservation.created_at = inserted[0]
+        now, starts_at, ends_at, state, lease_expires_at, _ = inserted
+        # The start's rules (not too far in the past, within the horizon): a refusal rolls the row back.
+        window = placement_window(request=request, now=now)
+        if (window.start, window.end) != (starts_at, ends_at):  # pragma: no cover - one rule, written twice
+            raise AssertionError(
+                f"the reservation's window {starts_at}..{ends_at} is not the placer's {window}"
+            )
+        reservation.created_at = now
+        reservation.starts_at, reservation.ends_at, reservation.state = starts_at, ends_at, state
+        reservation.lease_expires_at = lease_expires_at
         reservation._state.adding = False
 
-        placement = placement_commit(reservation=reservation, request=request, pool=pool, window=window)
+        placement = placement_commit(
+            reservation=reservation, request=request, pool=pool, window=window, careful=careful
+        )
         if placement.window != window:
             # Displacing spot reservations moved the start to the end of their notice.
             reservation.starts_at = placement.window.start
@@ -222,15 +257,14 @@ def reservation_create(
     elif pool.pk != request.pool_id:
         raise ValueError(f"the resolved pool {pool.pk} is not the request's pool {request.pool_id}")
     digest = request_digest(request)
-    existing = _existing(request)
-    if existing is not None:
-        return ReservationCreated(reservation=_same_or_conflict(existing, digest), created=False)
+    # No look-up first: the reservation's INSERT meets an earlier create with the key
+    # (`ON CONFLICT ... DO NOTHING`) and `_create_once` answers that one.
     # Waiting needs notifications, which arrive only between transactions: a
     # caller that already holds a transaction gets one attempt.
     can_wait = request.wait_timeout_ms > 0 and not connection.in_atomic_block
     deadline = time.monotonic() + request.wait_timeout_ms / 1000
     try:
-        return _create_once(request=request, digest=digest, actor=actor, pool=pool)
+        return _create(request=request, digest=digest, actor=actor, pool=pool)
     except NoCapacity:
         if not can_wait:
             raise
@@ -245,7 +279,7 @@ def reservation_create(
             # A release that commits during this attempt sets the event: no wake-up is lost.
             released.clear()
             try:
-                return _create_once(request=request, digest=digest, actor=actor, pool=pool)
+                return _create(request=request, digest=digest, actor=actor, pool=pool)
             except NoCapacity:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -285,10 +319,12 @@ WITH released AS (
     RETURNING id, pool_id
 ), delivery AS (
     {enqueue_sql(source="released", kind=DeliveryKind.SHORTEN)}
+), audit AS (
+    {audit_sql(source="released", action="reservation.release", subject_type="reservation")}
 )
 SELECT pg_notify(%(release_channel)s, released.pool_id),
        pg_notify(%(worker_channel)s, to_json(delivery.next_attempt_at) #>> '{{}}')
-  FROM released, delivery
+  FROM released, delivery, audit
 """
 
 
@@ -312,8 +348,10 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
         locked.derived_state = "released"  # type: ignore[attr-defined]
         locked.released_at = now
         locked.release_reason = reason or f"released by {actor}"
-        # One statement: the row, its "shorten" outbox row, and the notifications sent
-        # at commit (creates waiting on this pool; the worker, of the delivery's retry).
+        # One statement: the row, its "shorten" outbox row, its audit event (whoever released
+        # it: a tenant through the API, an operator in the admin, the lease expiry, a node's
+        # refusal) and the notifications sent at commit (creates waiting on this pool; the
+        # worker, of the delivery's retry).
         with connection.cursor() as cursor:
             cursor.execute(
                 _RELEASE_SQL,
@@ -324,18 +362,13 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
                     "release_channel": RELEASE_CHANNEL,
                     "worker_channel": WORKER_CHANNEL,
                     **delivery_params(),
+                    **audit_params(
+                        actor=actor,
+                        reason=locked.release_reason,
+                        data={"tenantId": locked.tenant_id, "poolId": locked.pool_id},
+                    ),
                 },
             )
-        # Whoever released it (a tenant through the API, an operator in the admin, the
-        # lease expiry, a node's refusal), the trail records it with the release.
-        audit_record(
-            actor=actor,
-            action="reservation.release",
-            subject_type="reservation",
-            subject_id=locked.pk,
-            reason=locked.release_reason,
-            data={"tenantId": locked.tenant_id, "poolId": locked.pool_id},
-        )
         released_id = locked.pk
         deliver_after_commit(reservation_id=released_id)
     return locked

@@ -125,3 +125,16 @@ def operator(admin_client: Client) -> Client:
 def browser() -> Iterator[WebDriver]:
     """Headless Chromium (`tests.support.browser`); skipped without it, failed under REQUIRE_BROWSER=1."""
     yield from headless_chromium()
+
+
+@pytest.fixture(autouse=True)
+def _forget_remembered_tokens() -> Iterator[None]:
+    """Each test starts as a fresh process would: no token remembered (`core.auth_cache`).
+
+    A test's tokens are rolled back with its transaction, which sends no NOTIFY.
+    """
+    from core.auth_cache import auth_cache_forget
+
+    auth_cache_forget()
+    yield
+    auth_cache_forget()

@@ -22,6 +22,13 @@ from django.db import connection
 from core.errors import Conflict, QuotaExceeded
 from ledger.models import QuotaMode, QuotaUsage
 
+# Another owner's write run in the same statement as a charge or a give-back, so it costs
+# no round trip of its own: its CTEs (`name AS (...)`, comma-separated, none read by this
+# module's SQL) and their parameters (named apart from this module's: pool, tenant,
+# resources, amounts). PostgreSQL runs a data-modifying CTE the main query does not read
+# after the main query, so the quota rows are locked first, as in two statements.
+Piggyback = tuple[str, dict[str, Any]]
+
 # The charge's question for `concurrent` rows: given the resources, the tenant's
 # peak use of each over the new reservation's window, its own holdings included.
 WindowPeaks = Callable[[Sequence[str]], Mapping[str, int]]
@@ -40,7 +47,7 @@ WindowPeaks = Callable[[Sequence[str]], Mapping[str, int]]
 # the caller checks the peak next, while this statement's lock is held. A
 # counter-only charge returns no such row: its cost stays this one statement.
 _QUOTA_CHARGE_SQL = f"""
-WITH c AS (
+WITH {{piggyback}}c AS (
     SELECT resource, amount
       FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS c(resource, amount)
 ),
@@ -70,20 +77,26 @@ SELECT * FROM (
 
 
 def _quota_rows_update(
-    sql: str, *, pool_id: str, tenant_id: str, amounts: dict[str, int]
+    sql: str, *, pool_id: str, tenant_id: str, amounts: dict[str, int], piggyback: Piggyback | None = None
 ) -> list[tuple[Any, ...]]:
     """Run the charge or the give-back for the resources with a positive amount, in one statement.
 
     Answers the rows the statement returns: the charge's refusals and its
-    `concurrent` rows; the give-back returns none. No statement when there is nothing to charge or give back.
+    `concurrent` rows; the give-back returns none. With nothing to charge or
+    give back, only the `piggyback` runs (or no statement at all).
     """
     resources = sorted(name for name, amount in amounts.items() if amount > 0)
     if not resources:
+        if piggyback is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(f"WITH {piggyback[0]} SELECT 1", piggyback[1])
         return []
+    ctes, extra = piggyback if piggyback is not None else ("", {})
     with connection.cursor() as cursor:
         cursor.execute(
-            sql,
+            sql.replace("{piggyback}", f"{ctes},\n" if ctes else ""),
             {
+                **extra,
                 "pool": pool_id,
                 "tenant": tenant_id,
                 "resources": resources,
@@ -93,8 +106,18 @@ def _quota_rows_update(
         return cursor.fetchall() if cursor.description else []
 
 
-def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int], window_peaks: WindowPeaks) -> None:
+def quota_charge(
+    *,
+    pool_id: str,
+    tenant_id: str,
+    charges: dict[str, int],
+    window_peaks: WindowPeaks,
+    piggyback: Piggyback | None = None,
+) -> None:
     """Guard 5: charge every resource with one guarded UPDATE; a missing row means unlimited.
+
+    `piggyback` runs in the same statement (its writes roll back with the
+    transaction a refusal aborts).
 
     `window_peaks` is called only when a charged row is `concurrent`, after the
     UPDATE has locked it: READ COMMITTED gives its statement a fresh snapshot,
@@ -102,7 +125,9 @@ def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int], windo
     (and this transaction's own). A peak above the limit refuses the charge as
     a counter's would, `used` being the peak without this reservation.
     """
-    rows = _quota_rows_update(_QUOTA_CHARGE_SQL, pool_id=pool_id, tenant_id=tenant_id, amounts=charges)
+    rows = _quota_rows_update(
+        _QUOTA_CHARGE_SQL, pool_id=pool_id, tenant_id=tenant_id, amounts=charges, piggyback=piggyback
+    )
     refused = [
         (resource, used, limit, amount, "used")
         for resource, used, limit, amount, flagged in rows
@@ -137,7 +162,7 @@ def quota_charge(*, pool_id: str, tenant_id: str, charges: dict[str, int], windo
 
 
 _QUOTA_GIVE_BACK_SQL = """
-WITH locked AS (
+WITH {piggyback}locked AS (
     SELECT q.id FROM quota_usage q
      WHERE q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = ANY(%(resources)s::varchar[])
      ORDER BY q.resource COLLATE "C"
@@ -149,9 +174,13 @@ UPDATE quota_usage q SET used = GREATEST(0, q.used - g.amount)
 """
 
 
-def quota_give_back(*, pool_id: str, tenant_id: str, amounts: dict[str, int]) -> None:
+def quota_give_back(
+    *, pool_id: str, tenant_id: str, amounts: dict[str, int], piggyback: Piggyback | None = None
+) -> None:
     """Return what a cut reservation held, never below zero, in one statement (both modes keep `used`)."""
-    _quota_rows_update(_QUOTA_GIVE_BACK_SQL, pool_id=pool_id, tenant_id=tenant_id, amounts=amounts)
+    _quota_rows_update(
+        _QUOTA_GIVE_BACK_SQL, pool_id=pool_id, tenant_id=tenant_id, amounts=amounts, piggyback=piggyback
+    )
 
 
 def quota_limit_set(

@@ -95,20 +95,22 @@ def _ms(value: datetime | None) -> int | None:
     return None if value is None else to_millis(value)
 
 
-def agent_changes_enqueue(*, reservation_id: str, kind: str) -> int:
+def agent_changes_enqueue(*, reservation_id: str, kind: str, node_ids: list[str] | None = None) -> int:
     """Write one change per agent node of the reservation, as booked now; return how many.
 
     Inside the delivery's transaction: the rows commit with the outbox row's
     deletion, and the NOTIFY wakes the nodes' long polls at that commit. Per
     node, the writers take turns (a transaction-scoped lock), so the ids of
     one node's changes commit in increasing order and an agent that asks for
-    what follows its last id never misses one that committed late.
+    what follows its last id never misses one that committed late. `node_ids`:
+    an assign's agent nodes, when the caller has read them.
     """
-    node_ids = agent_node_ids(reservation_id=reservation_id)
     if kind == DeliveryKind.SHORTEN:
         # A node the reservation left (BookingRepair moved it) has no allocation any more, but
         # was told of it: it hears that nothing is left there.
-        node_ids = sorted(set(node_ids) | set(_told_node_ids(reservation_id)))
+        node_ids = _shorten_node_ids(reservation_id)
+    elif node_ids is None:
+        node_ids = agent_node_ids(reservation_id=reservation_id)
     if not node_ids:
         return 0
     with connection.cursor() as cursor:
@@ -128,15 +130,18 @@ def agent_changes_enqueue(*, reservation_id: str, kind: str) -> int:
     return len(node_ids)
 
 
-def _told_node_ids(reservation_id: str) -> list[str]:
-    """The nodes whose last word on the reservation was not "nothing is left" (an end of 0)."""
+def _shorten_node_ids(reservation_id: str) -> list[str]:
+    """A shorten's nodes: the reservation's agent nodes, and those whose last word on it was not
+    "nothing is left" (an end of 0), in id order; one statement."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT node_id FROM (SELECT DISTINCT ON (node_id) node_id,"
+            "SELECT a.node_id FROM reservations_allocation a"
+            " JOIN inventory_node n ON n.id = a.node_id WHERE a.reservation_id = %(id)s AND n.agent"
+            " UNION SELECT node_id FROM (SELECT DISTINCT ON (node_id) node_id,"
             " (payload ->> 'end')::bigint AS told_end FROM reservations_nodechange"
-            " WHERE reservation_id = %s ORDER BY node_id, id DESC) last"
-            " WHERE told_end IS DISTINCT FROM 0",
-            [reservation_id],
+            " WHERE reservation_id = %(id)s ORDER BY node_id, id DESC) last"
+            " WHERE told_end IS DISTINCT FROM 0 ORDER BY 1",
+            {"id": reservation_id},
         )
         return [node_id for (node_id,) in cursor.fetchall()]
 

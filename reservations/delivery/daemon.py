@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -117,6 +118,16 @@ def _check_claims(
             )
 
 
+def _joined() -> AbstractContextManager[Any]:
+    """The caller's transaction when there is one (no savepoint: a refusal raises before any write), else one.
+
+    Each message's writes commit with whatever delivered it (the outbox row's
+    deletion); called on its own (a test, the resync), a message is its own
+    transaction, so the node's lock is held until its writes commit.
+    """
+    return nullcontext() if connection.in_atomic_block else transaction.atomic()
+
+
 def daemon_assign(
     *,
     node_id: str,
@@ -127,73 +138,112 @@ def daemon_assign(
     node_profile: dict[str, Any] | None = None,
 ) -> None:
     """Accept the atoms and claims on this node, or refuse them all with AllocationFailed."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        _lock_node(cursor, node_id)
+    with _joined(), connection.cursor() as cursor:
+        _lock_nodes(cursor, [node_id])
+        _assign_held(
+            cursor,
+            NodeAssignment(
+                node_id=node_id,
+                reservation_id=reservation_id,
+                allocation_id=allocation_id,
+                atoms=assignments,
+                resources=resources or {},
+                node_profile=node_profile,
+            ),
+        )
+
+
+# The node's new atoms and its claims row, in one statement.
+_ACCEPT_SQL = """
+WITH atoms AS (
+    INSERT INTO fake_daemon_assignments
+           (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)
+    SELECT %(node)s, f.uid, %(reservation)s, %(allocation)s, f.starts_at, f.ends_at
+      FROM unnest(%(uids)s::varchar[], %(starts)s::timestamptz[], %(ends)s::timestamptz[])
+           AS f(uid, starts_at, ends_at)
+)
+INSERT INTO fake_daemon_claims
+       (node_id, reservation_id, allocation_id, resources, node_profile, starts_at, ends_at)
+VALUES (%(node)s, %(reservation)s, %(allocation)s, %(resources)s::jsonb, %(profile)s::jsonb,
+        %(start)s, %(end)s)
+ON CONFLICT (allocation_id) DO UPDATE SET resources = EXCLUDED.resources,
+    node_profile = EXCLUDED.node_profile, starts_at = EXCLUDED.starts_at, ends_at = EXCLUDED.ends_at
+"""
+
+
+Held = dict[
+    str, list[tuple[int, str, str, datetime, datetime]]
+]  # uid → (row, holder, allocation, start, end)
+
+
+def _assign_held(cursor: Any, assignment: NodeAssignment, held: Held | None = None) -> None:
+    """`daemon_assign`'s work, with the node's lock held: every check before the first write.
+
+    `held`: what the node holds of these atoms, when read since the lock was taken.
+    """
+    node_id, reservation_id, allocation_id = (
+        assignment.node_id,
+        assignment.reservation_id,
+        assignment.allocation_id,
+    )
+    assignments, resources = assignment.atoms, assignment.resources
+    if held is None:
         cursor.execute(
             "SELECT id, device_uid, reservation_id, allocation_id, starts_at, ends_at"
             " FROM fake_daemon_assignments WHERE node_id = %s AND device_uid = ANY(%s)",
             [node_id, [uid for uid, _, _ in assignments]],
         )
-        held: dict[str, list[tuple[int, str, str, datetime, datetime]]] = {}
+        held = {}
         for row_id, uid, holder, held_allocation, start, end in cursor.fetchall():
             held.setdefault(uid, []).append((row_id, holder, held_allocation, start, end))
-        fresh: list[Assignment] = []
-        moved: list[tuple[int, datetime, datetime]] = []
-        for uid, start, end in assignments:
-            same: list[tuple[int, datetime, datetime]] = []
-            for row_id, holder, held_allocation, held_start, held_end in held.get(uid, []):
-                if holder == reservation_id:
-                    if held_allocation == allocation_id:
-                        same.append((row_id, held_start, held_end))
-                elif start < held_end and held_start < end:
-                    raise AllocationFailed(uid, holder)
-            if any((held_start, held_end) == (start, end) for _, held_start, held_end in same):
-                continue  # a redelivery adds only what the node lacks
-            if same:
-                moved.append((same[0][0], start, end))  # the control plane's latest word on its own booking
-            else:
-                fresh.append((uid, start, end))
-        if assignments:
-            window_start = min(start for _, start, _ in assignments)
-            window_end = max(end for _, _, end in assignments)
-            _check_claims(
-                cursor,
-                node_id=node_id,
-                reservation_id=reservation_id,
-                resources=resources or {},
-                start=window_start,
-                end=window_end,
-            )
-        for uid, start, end in fresh:
-            cursor.execute(
-                "INSERT INTO fake_daemon_assignments"
-                " (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s)",
-                [node_id, uid, reservation_id, allocation_id, start, end],
-            )
-        for row_id, start, end in moved:
-            cursor.execute(
-                "UPDATE fake_daemon_assignments SET starts_at = %s, ends_at = %s WHERE id = %s",
-                [start, end, row_id],
-            )
-        if assignments:
-            cursor.execute(
-                "INSERT INTO fake_daemon_claims"
-                " (node_id, reservation_id, allocation_id, resources, node_profile, starts_at, ends_at)"
-                " VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s, %s)"
-                " ON CONFLICT (allocation_id) DO UPDATE SET resources = EXCLUDED.resources,"
-                " node_profile = EXCLUDED.node_profile, starts_at = EXCLUDED.starts_at,"
-                " ends_at = EXCLUDED.ends_at",
-                [
-                    node_id,
-                    reservation_id,
-                    allocation_id,
-                    json.dumps({name: int(amount) for name, amount in sorted((resources or {}).items())}),
-                    None if node_profile is None else json.dumps(node_profile),
-                    window_start,
-                    window_end,
-                ],
-            )
+    fresh: list[Assignment] = []
+    moved: list[tuple[int, datetime, datetime]] = []
+    for uid, start, end in assignments:
+        same: list[tuple[int, datetime, datetime]] = []
+        for row_id, holder, held_allocation, held_start, held_end in held.get(uid, []):
+            if holder == reservation_id:
+                if held_allocation == allocation_id:
+                    same.append((row_id, held_start, held_end))
+            elif start < held_end and held_start < end:
+                raise AllocationFailed(uid, holder)
+        if any((held_start, held_end) == (start, end) for _, held_start, held_end in same):
+            continue  # a redelivery adds only what the node lacks
+        if same:
+            moved.append((same[0][0], start, end))  # the control plane's latest word on its own booking
+        else:
+            fresh.append((uid, start, end))
+    if not assignments:
+        return
+    window_start = min(start for _, start, _ in assignments)
+    window_end = max(end for _, _, end in assignments)
+    _check_claims(
+        cursor,
+        node_id=node_id,
+        reservation_id=reservation_id,
+        resources=resources,
+        start=window_start,
+        end=window_end,
+    )
+    for row_id, start, end in moved:
+        cursor.execute(
+            "UPDATE fake_daemon_assignments SET starts_at = %s, ends_at = %s WHERE id = %s",
+            [start, end, row_id],
+        )
+    cursor.execute(
+        _ACCEPT_SQL,
+        {
+            "node": node_id,
+            "reservation": reservation_id,
+            "allocation": allocation_id,
+            "uids": [uid for uid, _, _ in fresh],
+            "starts": [start for _, start, _ in fresh],
+            "ends": [end for _, _, end in fresh],
+            "resources": json.dumps({name: int(amount) for name, amount in sorted(resources.items())}),
+            "profile": None if assignment.node_profile is None else json.dumps(assignment.node_profile),
+            "start": window_start,
+            "end": window_end,
+        },
+    )
 
 
 def _assignments_of(reservation_id: str, node_id: str | None = None) -> list[NodeAssignment]:
@@ -225,61 +275,154 @@ def _assignments_of(reservation_id: str, node_id: str | None = None) -> list[Nod
     return [out[key] for key in sorted(out)]
 
 
+# What the control plane committed for a reservation on these nodes, and what those nodes
+# already hold of the same atoms (any reservation's), in one statement read with the nodes'
+# daemons held.
+_ASSIGNMENTS_AND_HOLDINGS_SQL = """
+WITH mine AS (
+    SELECT a.node_id, a.id AS allocation_id, a.resources, r.request -> 'node' AS profile, d.uid,
+           lower(b.during) AS lo, upper(b.during) AS hi
+      FROM reservations_allocation a JOIN reservations_reservation r ON r.id = a.reservation_id
+      JOIN device_bookings b ON b.allocation_id = a.id
+      JOIN inventory_device d ON d.id = b.device_id
+     WHERE a.reservation_id = %(reservation)s AND a.node_id = ANY(%(nodes)s)
+)
+SELECT true, node_id, allocation_id, resources, profile, uid, lo, hi, NULL::bigint, NULL::varchar
+  FROM mine
+UNION ALL
+SELECT false, f.node_id, f.allocation_id, NULL::jsonb, NULL::jsonb, f.device_uid, f.starts_at, f.ends_at,
+       f.id, f.reservation_id
+  FROM fake_daemon_assignments f WHERE (f.node_id, f.device_uid) IN (SELECT node_id, uid FROM mine)
+ ORDER BY 1 DESC, 2, 3, 6, 9
+"""
+
+
+def _assignments_and_holdings(
+    reservation_id: str, node_ids: list[str]
+) -> tuple[list[NodeAssignment], dict[str, Held]]:
+    """The reservation's assignments on `node_ids`, and per node what it holds of their atoms."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ASSIGNMENTS_AND_HOLDINGS_SQL, {"reservation": reservation_id, "nodes": node_ids})
+        rows = cursor.fetchall()
+    out: dict[tuple[str, str], NodeAssignment] = {}
+    held: dict[str, Held] = {}
+    for mine, node_id, allocation_id, resources, profile, uid, start, end, row_id, holder in rows:
+        if not mine:
+            held.setdefault(node_id, {}).setdefault(uid, []).append(
+                (row_id, holder, allocation_id, start, end)
+            )
+            continue
+        key = (node_id, allocation_id)
+        if key not in out:
+            out[key] = NodeAssignment(
+                node_id=node_id,
+                reservation_id=reservation_id,
+                allocation_id=allocation_id,
+                atoms=[],
+                resources={name: int(amount) for name, amount in (_json(resources) or {}).items()},
+                node_profile=_json(profile),
+            )
+        out[key].atoms.append((uid, start, end))
+    return [out[key] for key in sorted(out)], held
+
+
 def _known_reservation(reservation_id: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM reservations_reservation WHERE id = %s", [reservation_id])
         return cursor.fetchone() is not None
 
 
-def _lock_node(cursor: Any, node_id: str) -> None:
-    """One node's daemon handles one message at a time, as a real agent would (held to commit)."""
-    cursor.execute("SELECT pg_advisory_xact_lock(hashtext('fake-daemon:' || %s))", [node_id])
+def _lock_nodes(cursor: Any, node_ids: list[str]) -> None:
+    """One node's daemon handles one message at a time, as a real agent would (held to commit).
+
+    Several nodes in one statement, in id order (every message takes them in that order).
+    """
+    cursor.execute(
+        "SELECT count(pg_advisory_xact_lock(hashtext('fake-daemon:' || n)))"
+        " FROM (SELECT n FROM unnest(%s::varchar[]) AS n ORDER BY n) AS nodes",
+        [sorted(set(node_ids))],
+    )
 
 
-def daemon_deliver(*, reservation_id: str) -> AllocationFailed | None:
+# Whether the reservation still runs, its nodes without and with an agent, and (when it runs)
+# the daemons of the first held, in node order: one round trip. Which node an allocation is
+# on never changes, so the node lists need no lock; the bookings are read in the next statement.
+_OPEN_SQL = """
+WITH r AS (
+    SELECT r.id, r.state IN ('scheduled', 'active') AS live,
+           ARRAY(SELECT DISTINCT a.node_id FROM reservations_allocation a
+                   JOIN inventory_node n ON n.id = a.node_id AND NOT n.agent
+                  WHERE a.reservation_id = r.id ORDER BY 1) AS daemons,
+           ARRAY(SELECT DISTINCT a.node_id FROM reservations_allocation a
+                   JOIN inventory_node n ON n.id = a.node_id AND n.agent
+                  WHERE a.reservation_id = r.id ORDER BY 1) AS agents
+      FROM reservations_reservation r WHERE r.id = %s
+)
+SELECT r.live, r.daemons, r.agents,
+       CASE WHEN r.live THEN (SELECT count(pg_advisory_xact_lock(hashtext('fake-daemon:' || n)))
+                                FROM unnest(r.daemons) AS n) END
+  FROM r
+"""
+
+
+def daemon_open(*, reservation_id: str) -> tuple[bool, list[str], list[str]]:
+    """(still runs, nodes without an agent, nodes with one); when it runs, the former's daemons are held.
+
+    For the caller's transaction: `daemon_deliver(node_ids=...)` then sends to
+    the held nodes. A reservation that is gone runs nowhere.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_OPEN_SQL, [reservation_id])
+        row = cursor.fetchone()
+    if row is None:
+        return False, [], []
+    return bool(row[0]), list(row[1]), list(row[2])
+
+
+def daemon_deliver(*, reservation_id: str, node_ids: list[str] | None = None) -> AllocationFailed | None:
     """Send a committed reservation's assignments (atoms, claims, profile) to its nodes; the refusal, if any.
 
     The daemon only answers; the control plane (`reservations.delivery.sending.reservation_deliver`)
     releases a refused reservation. An unreachable node raises (the outbox retries).
+    `node_ids` are the reservation's nodes without an agent, their daemons
+    already held in the caller's transaction (`daemon_open`).
 
     What is sent to a node is read from the bookings while that node's daemon
     is held, so a message never carries a state older than one the node has
     already been told: a create's delivery that runs after its own release
-    sends the shortened bookings, not the ones it was created with.
+    sends the shortened bookings, not the ones it was created with. The nodes'
+    locks are taken in one statement and the bookings read in the next (its
+    snapshot is taken once the locks are held).
     """
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                # A node with its own agent hears through `reservations.delivery.agent` instead.
-                "SELECT DISTINCT a.node_id FROM reservations_allocation a"
-                " JOIN inventory_node n ON n.id = a.node_id AND NOT n.agent"
-                " WHERE a.reservation_id = %s ORDER BY 1",
-                [reservation_id],
-            )
-            node_ids = [node_id for (node_id,) in cursor.fetchall()]
-        for node_id in node_ids:
-            with transaction.atomic(), connection.cursor() as cursor:
-                _lock_node(cursor, node_id)
-                for assignment in _assignments_of(reservation_id, node_id):
-                    _assign_or_refresh(assignment)
+        with _joined(), connection.cursor() as cursor:
+            if node_ids is None:
+                cursor.execute(
+                    # A node with its own agent hears through `reservations.delivery.agent` instead.
+                    "SELECT DISTINCT a.node_id FROM reservations_allocation a"
+                    " JOIN inventory_node n ON n.id = a.node_id AND NOT n.agent"
+                    " WHERE a.reservation_id = %s ORDER BY 1",
+                    [reservation_id],
+                )
+                node_ids = [node_id for (node_id,) in cursor.fetchall()]
+                if not node_ids:
+                    return None
+                _lock_nodes(cursor, node_ids)
+            elif not connection.in_atomic_block:
+                raise ValueError("daemon_deliver(node_ids=...) runs in the transaction that held them")
+            assignments, held = _assignments_and_holdings(reservation_id, node_ids)
+            for assignment in assignments:
+                _assign_or_refresh(cursor, assignment, held.get(assignment.node_id, {}))
     except AllocationFailed as exc:
         logger.warning("node refused reservation %s: %s", reservation_id, exc)
         return exc
     return None
 
 
-def _assign_or_refresh(assignment: NodeAssignment) -> None:
-    assign = partial(
-        daemon_assign,
-        node_id=assignment.node_id,
-        reservation_id=assignment.reservation_id,
-        allocation_id=assignment.allocation_id,
-        assignments=assignment.atoms,
-        resources=assignment.resources,
-        node_profile=assignment.node_profile,
-    )
+def _assign_or_refresh(cursor: Any, assignment: NodeAssignment, held: Held) -> None:
+    assign = partial(_assign_held, cursor, assignment)
     try:
-        assign()
+        assign(held)
     except AllocationFailed as exc:
         # A release commits, then tells the node (after commit); a create that
         # books the freed atoms or scalars can deliver before that news arrives.
@@ -294,59 +437,75 @@ def _assign_or_refresh(assignment: NodeAssignment) -> None:
         assign()
 
 
+# What the node keeps of a reservation, set against its bookings now: an atom (a claim) whose
+# booking ended before its start, or that has none, is dropped; one whose booking ends sooner is
+# cut to that end. Rows are cut or dropped, never added. Run once the nodes' locks are held.
+_SHORTEN_SQL = """
+WITH booked AS (
+    SELECT a.id AS allocation_id, d.uid, max(upper(b.during)) AS ends_at
+      FROM reservations_allocation a JOIN device_bookings b ON b.allocation_id = a.id
+      JOIN inventory_device d ON d.id = b.device_id
+     WHERE a.reservation_id = %(reservation)s
+     GROUP BY a.id, d.uid
+), allocation_ends AS (
+    SELECT allocation_id, max(ends_at) AS ends_at FROM booked GROUP BY allocation_id
+), atoms_dropped AS (
+    DELETE FROM fake_daemon_assignments f
+     WHERE f.reservation_id = %(reservation)s
+       AND (%(node)s::varchar IS NULL OR f.node_id = %(node)s)
+       AND NOT EXISTS (SELECT 1 FROM booked k WHERE k.allocation_id = f.allocation_id
+                          AND k.uid = f.device_uid AND k.ends_at > f.starts_at)
+    RETURNING 1
+), atoms_cut AS (
+    UPDATE fake_daemon_assignments f SET ends_at = k.ends_at FROM booked k
+     WHERE f.reservation_id = %(reservation)s
+       AND (%(node)s::varchar IS NULL OR f.node_id = %(node)s) AND k.allocation_id = f.allocation_id
+       AND k.uid = f.device_uid AND k.ends_at > f.starts_at AND k.ends_at < f.ends_at
+    RETURNING 1
+), claims_dropped AS (
+    DELETE FROM fake_daemon_claims c
+     WHERE c.reservation_id = %(reservation)s
+       AND (%(node)s::varchar IS NULL OR c.node_id = %(node)s)
+       AND NOT EXISTS (SELECT 1 FROM allocation_ends e WHERE e.allocation_id = c.allocation_id
+                          AND e.ends_at > c.starts_at)
+    RETURNING 1
+), claims_cut AS (
+    UPDATE fake_daemon_claims c SET ends_at = e.ends_at FROM allocation_ends e
+     WHERE c.reservation_id = %(reservation)s
+       AND (%(node)s::varchar IS NULL OR c.node_id = %(node)s) AND e.allocation_id = c.allocation_id
+       AND e.ends_at > c.starts_at AND e.ends_at < c.ends_at
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM atoms_dropped), (SELECT count(*) FROM atoms_cut),
+       (SELECT count(*) FROM claims_dropped), (SELECT count(*) FROM claims_cut)
+"""
+
+# Each node holding the reservation, its daemon held, in node order (one statement).
+_SHORTEN_LOCK_SQL = """
+SELECT count(pg_advisory_xact_lock(hashtext('fake-daemon:' || node_id))) FROM (
+    SELECT node_id FROM fake_daemon_assignments WHERE reservation_id = %(reservation)s
+       AND (%(node)s::varchar IS NULL OR node_id = %(node)s)
+     UNION SELECT node_id FROM fake_daemon_claims WHERE reservation_id = %(reservation)s
+       AND (%(node)s::varchar IS NULL OR node_id = %(node)s)
+     ORDER BY 1) AS held
+"""
+
+
 def daemon_shorten(*, reservation_id: str, node_id: str | None = None) -> None:
     """Bring the node's record of a reservation in line with its (shortened) bookings.
 
     Atoms and claims alike: only what the node accepted is ever kept, rows are
     cut or dropped, never added, so a refused assignment leaves no trace.
+    Two statements: the nodes' locks, then the cut (its snapshot, and so the
+    bookings it reads, taken once the locks are held).
     """
-    nodes = " AND node_id = %(node)s" if node_id is not None else ""
     params = {"reservation": reservation_id, "node": node_id}
-    with transaction.atomic(), connection.cursor() as cursor:
-        # Each node's daemon is held (in node order) before the bookings are read,
-        # so what it keeps is never older than what another message told it.
-        cursor.execute(
-            f"SELECT node_id FROM fake_daemon_assignments WHERE reservation_id = %(reservation)s{nodes}"
-            f" UNION SELECT node_id FROM fake_daemon_claims WHERE reservation_id = %(reservation)s{nodes}"
-            " ORDER BY 1",
-            params,
-        )
-        for (held_node,) in cursor.fetchall():
-            _lock_node(cursor, held_node)
-        current: dict[tuple[str, str], datetime] = {}
-        allocation_ends: dict[str, datetime] = {}
-        for assignment in _assignments_of(reservation_id):
-            for uid, _start, end in assignment.atoms:
-                current[(assignment.allocation_id, uid)] = end
-                allocation_ends[assignment.allocation_id] = max(
-                    end, allocation_ends.get(assignment.allocation_id, end)
-                )
-        cursor.execute(
-            "SELECT id, allocation_id, device_uid, starts_at, ends_at FROM fake_daemon_assignments"
-            f" WHERE reservation_id = %(reservation)s{nodes} ORDER BY id FOR UPDATE",
-            params,
-        )
-        for row_id, allocation_id, uid, start, end in cursor.fetchall():
-            booked_end = current.get((allocation_id, uid))
-            if booked_end is None or booked_end <= start:
-                cursor.execute("DELETE FROM fake_daemon_assignments WHERE id = %s", [row_id])
-            elif booked_end < end:
-                cursor.execute(
-                    "UPDATE fake_daemon_assignments SET ends_at = %s WHERE id = %s", [booked_end, row_id]
-                )
-        cursor.execute(
-            "SELECT id, allocation_id, starts_at, ends_at FROM fake_daemon_claims"
-            f" WHERE reservation_id = %(reservation)s{nodes} ORDER BY id FOR UPDATE",
-            params,
-        )
-        for row_id, allocation_id, start, end in cursor.fetchall():
-            booked_end = allocation_ends.get(allocation_id)
-            if booked_end is None or booked_end <= start:
-                cursor.execute("DELETE FROM fake_daemon_claims WHERE id = %s", [row_id])
-            elif booked_end < end:
-                cursor.execute(
-                    "UPDATE fake_daemon_claims SET ends_at = %s WHERE id = %s", [booked_end, row_id]
-                )
+    with _joined(), connection.cursor() as cursor:
+        cursor.execute(_SHORTEN_LOCK_SQL, params)
+        row = cursor.fetchone()
+        if row is None or not row[0]:
+            return  # the node holds nothing of it
+        cursor.execute(_SHORTEN_SQL, params)
 
 
 def daemon_holdings(*, device_uid: str) -> list[tuple[str, datetime, datetime]]:

@@ -26,12 +26,14 @@ Both kinds of delivery bring the node in line with what is booked now (an
 assignment adds what the node lacks, a shortening cuts what it holds beyond
 the bookings), so delivering a row twice, or late, is harmless. A
 reservation's rows are delivered in the order they were written (assign
-before shorten), by one process at a time: the rows are claimed `FOR UPDATE
-SKIP LOCKED` together with a transaction-scoped advisory lock on the
+before shorten), by one process at a time: the rows are claimed (deleted,
+`SKIP LOCKED`) together with a transaction-scoped advisory lock on the
 reservation (which also covers rows written after the claim), so two workers,
 or a worker and a request, never deliver one reservation at once. The delivery
-runs inside the claiming transaction, so the row is deleted in the same
-commit as the node's record changes.
+runs inside the claiming transaction, so the row is gone in the same commit
+as the node's record changes, and back (backed off) when it rolls back. The
+usual delivery, one row, costs the claim, what the nodes are sent, and the
+commit: no savepoint, no separate delete.
 """
 
 from __future__ import annotations
@@ -157,43 +159,67 @@ def _record_failure(*, ids: list[int], error: str) -> None:
         )
 
 
+class _Undelivered(Exception):
+    """The reservation's rows could not all be sent: roll the claim back, then back the rows off."""
+
+    def __init__(self, *, ids: list[int], error: str) -> None:
+        super().__init__(error)
+        self.ids = ids
+        self.error = error
+
+
+# The reservation's turn (a transaction-scoped advisory lock) and its rows, taken out of the
+# outbox, in one round trip: they are deleted now, and come back if the delivery rolls back.
+# No row is touched when the turn was not had (`got` is false).
+_CLAIM_SQL = """
+WITH turn AS (SELECT pg_try_advisory_xact_lock(hashtextextended('outbox:' || %(id)s, 0)) AS got),
+taken AS (
+    DELETE FROM reservations_delivery WHERE id IN (
+        SELECT d.id FROM reservations_delivery d, turn
+         WHERE d.reservation_id = %(id)s AND turn.got FOR UPDATE OF d SKIP LOCKED)
+    RETURNING id, kind
+)
+SELECT turn.got, taken.id, taken.kind FROM turn LEFT JOIN taken ON true
+"""
+
+
 def _deliver_claimed(*, reservation_id: str) -> int | None:
     """Deliver a reservation's rows in order, inside the caller's transaction.
 
     None when another process holds the reservation's rows; else how many rows
-    were delivered (and deleted). A row that failed stays, backed off, with the
-    rows after it (they wait for it: the order holds).
+    were delivered. The claim deletes them: they are gone exactly when the
+    delivery commits. A run of rows of one kind is one delivery (each brings the
+    node up to date: a create's "assign", a release's "shorten"); when one
+    fails, `_Undelivered` is raised, the caller rolls the claim back (the rows
+    are back, and what the nodes' records took in this transaction is undone)
+    and backs every row off. Sending the earlier runs again later is harmless.
     """
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox:' || %s, 0))", [reservation_id]
-        )
-        row = cursor.fetchone()
-        if row is None or not row[0]:
-            return None
-        cursor.execute(
-            "SELECT id, kind FROM reservations_delivery WHERE reservation_id = %s ORDER BY id"
-            " FOR UPDATE SKIP LOCKED",
-            [reservation_id],
-        )
-        rows = cursor.fetchall()
-    done: list[int] = []
+        cursor.execute(_CLAIM_SQL, {"id": reservation_id})
+        claimed = cursor.fetchall()
+    if not claimed or not claimed[0][0]:
+        return None
+    rows = sorted((row_id, kind) for _, row_id, kind in claimed if row_id is not None)
     previous: str | None = None
-    for index, (row_id, kind) in enumerate(rows):
-        if kind != previous:  # a run of one kind is one delivery: each brings the node up to date
-            try:
-                with transaction.atomic():
-                    sending.delivery_send(reservation_id=reservation_id, kind=kind)
-            except Exception as exc:
-                logger.warning("delivering %s of reservation %s failed: %s", kind, reservation_id, exc)
-                _record_failure(ids=[r[0] for r in rows[index:]], error=f"{type(exc).__name__}: {exc}")
-                break
-        done.append(row_id)
+    for _, kind in rows:
+        if kind == previous:
+            continue
+        try:
+            sending.delivery_send(reservation_id=reservation_id, kind=kind)
+        except Exception as exc:
+            logger.warning("delivering %s of reservation %s failed: %s", kind, reservation_id, exc)
+            raise _Undelivered(ids=[r[0] for r in rows], error=f"{type(exc).__name__}: {exc}") from exc
         previous = kind
-    if done:
-        with connection.cursor() as cursor:
-            cursor.execute("DELETE FROM reservations_delivery WHERE id = ANY(%s)", [done])
-    return len(done)
+    return len(rows)
+
+
+def _back_off(failed: _Undelivered) -> None:
+    """After the claim rolled back: the rows stay, backed off (another process may have sent them since)."""
+    try:
+        with transaction.atomic():
+            _record_failure(ids=failed.ids, error=failed.error)
+    except Exception:
+        logger.exception("backing off the outbox rows %s failed; they fall due as they are", failed.ids)
 
 
 def outbox_deliver_reservation(*, reservation_id: str) -> int:
@@ -206,6 +232,9 @@ def outbox_deliver_reservation(*, reservation_id: str) -> int:
     try:
         with transaction.atomic():
             result = _deliver_claimed(reservation_id=reservation_id)
+    except _Undelivered as failed:
+        _back_off(failed)
+        return 0
     except Exception:
         logger.exception("delivering reservation %s to its nodes failed; the worker retries", reservation_id)
         return 0
@@ -232,15 +261,19 @@ def outbox_deliver_due(*, limit: int = 200) -> int:
     delivered = 0
     tried: list[str] = []
     while len(tried) < limit:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(_CLAIM_DUE_SQL, [tried])
-                row = cursor.fetchone()
-            if row is None:
-                break
-            reservation_id = row[0]
-            tried.append(reservation_id)
-            result = _deliver_claimed(reservation_id=reservation_id)
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(_CLAIM_DUE_SQL, [tried])
+                    row = cursor.fetchone()
+                if row is None:
+                    break
+                reservation_id = row[0]
+                tried.append(reservation_id)
+                result = _deliver_claimed(reservation_id=reservation_id)
+        except _Undelivered as failed:
+            _back_off(failed)
+            continue
         delivered += result or 0
     return delivered
 

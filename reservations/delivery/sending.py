@@ -11,8 +11,10 @@ delivery never imports the services: they write its rows
 
 from __future__ import annotations
 
+from django.db import transaction
+
 from reservations.delivery.agent import agent_changes_enqueue
-from reservations.delivery.daemon import daemon_behind, daemon_deliver, daemon_shorten
+from reservations.delivery.daemon import daemon_behind, daemon_deliver, daemon_open, daemon_shorten
 from reservations.delivery.signals import assignment_refused
 from reservations.models import DeliveryKind, Reservation
 
@@ -25,12 +27,15 @@ def delivery_send(*, reservation_id: str, kind: str) -> None:
     cut bookings.
     """
     if kind == DeliveryKind.ASSIGN:
-        reservation_deliver(reservation_id=reservation_id)
+        live, daemon_nodes, agent_nodes = daemon_open(reservation_id=reservation_id)
+        if live and daemon_nodes:
+            _deliver_or_release(reservation_id=reservation_id, node_ids=daemon_nodes)
+        # Nodes with their own agent hear it as a change they pull (`reservations.delivery.agent`);
+        # their answer comes later, and a refusal releases the reservation then.
+        agent_changes_enqueue(reservation_id=reservation_id, kind=kind, node_ids=agent_nodes)
     else:
         daemon_shorten(reservation_id=reservation_id)
-    # Nodes with their own agent hear it as a change they pull (`reservations.delivery.agent`);
-    # their answer comes later, and a refusal releases the reservation then.
-    agent_changes_enqueue(reservation_id=reservation_id, kind=kind)
+        agent_changes_enqueue(reservation_id=reservation_id, kind=kind)
 
 
 def reservation_deliver(*, reservation_id: str) -> bool:
@@ -40,9 +45,15 @@ def reservation_deliver(*, reservation_id: str) -> bool:
     is nothing to tell). The release the refusal brings writes its own
     "shorten" delivery, which drops what the other nodes of a gang accepted.
     """
-    if not Reservation.objects.filter(pk=reservation_id, state__in=["scheduled", "active"]).exists():
-        return True
-    refusal = daemon_deliver(reservation_id=reservation_id)
+    with transaction.atomic():  # the daemons held by `daemon_open` stay held while they are told
+        live, daemon_nodes, _ = daemon_open(reservation_id=reservation_id)
+        if not live or not daemon_nodes:
+            return True
+        return _deliver_or_release(reservation_id=reservation_id, node_ids=daemon_nodes)
+
+
+def _deliver_or_release(*, reservation_id: str, node_ids: list[str]) -> bool:
+    refusal = daemon_deliver(reservation_id=reservation_id, node_ids=node_ids)
     if refusal is None:
         return True
     if not assignment_refused.has_listeners(Reservation):

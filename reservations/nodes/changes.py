@@ -15,7 +15,9 @@ here). In the same transaction it:
 * wakes the creates waiting on a pool whose capacity rose (an uncordon, an
   untaint, a reconnect, a device healthy again, new inventory);
 * asks the worker for BookingRepair (`pg_notify(WORKER_CHANNEL, 'repair')`)
-  when atoms carrying FUTURE or RUNNING bookings left the counted set.
+  when atoms carrying FUTURE or RUNNING bookings left the counted set, and when
+  capacity came back to a node already counted (an at-risk mark then clears at
+  the worker's next pass, not after the releases' cooldown).
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ def _apply(before: Counts, after: Counts) -> None:
             dropped.setdefault(key[0], []).append(key[1])
         if moved["allocatable"] > 0:
             rose.add(key[0])
+            # Capacity came back to nodes already counted (an uncordon, a node out of
+            # maintenance, a device healthy again; not new inventory): a reservation marked
+            # at risk may fit now, so repair at once, not after the releases' cooldown.
+            repair = repair or bool(old["present"])
         if moved["allocated"] < 0 or moved["reserved"] < 0:
             repair = True
     if not deltas and not dropped:

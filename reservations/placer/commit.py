@@ -1,6 +1,9 @@
 """The commit: turn a plan into allocations and bookings, inside the request's transaction.
 
-Per option of the shortlist, inside a savepoint (a nested `atomic()`):
+Per option of the shortlist (inside a savepoint, a nested `atomic()`, when the
+option displaces spot bookings or the create is on its careful second run;
+otherwise without one, every member locked before anything is written, and a
+race lost after writing restarts the create: `PlacementRestart`):
 
 1. for each member, lock the node `FOR SHARE OF n` under the schedulability
    predicate, then the chosen atoms `FOR SHARE` where healthy and bookable
@@ -26,6 +29,7 @@ notice a displacing option gives spot reservations `reservations.placer.notice`'
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
@@ -48,7 +52,7 @@ from reservations.placer.filters import Window
 from reservations.placer.notice import spot_notice
 from reservations.placer.plan import Member, Option, Plan, placement_plan
 from reservations.request.types import ReservationRequest
-from reservations.rollups.deltas import rollup_apply_deltas
+from reservations.rollups.deltas import rollup_deltas_piggyback
 from reservations.selectors import holdings_peaks
 
 logger = logging.getLogger(__name__)
@@ -121,19 +125,48 @@ def _lock_atoms(*, node_id: str, device_ids: list[int]) -> bool:
         return len(cursor.fetchall()) == len(device_ids)
 
 
-def _insert_bookings(*, allocation_id: str, device_ids: list[int], window: Window) -> bool:
-    # Guard 1. No conflict target: DO NOTHING then honours the exclusion
-    # constraint, so an atom booked by a concurrent commit yields a short count
-    # instead of an error that would abort the request's transaction.
+# The allocation and every booking of a member in one statement. Guard 1: no conflict
+# target, so DO NOTHING honours the exclusion constraint, and an atom booked by a
+# concurrent commit yields a short count instead of an error that would abort the
+# request's transaction. (The bookings' foreign key to the allocation is checked at
+# commit; the row is there by then, or both are rolled back.)
+_BOOK_SQL = """
+WITH allocation AS (
+    INSERT INTO reservations_allocation
+           (id, reservation_id, node_id, resources, placement, released, created_at)
+    VALUES (%(allocation)s, %(reservation)s, %(node)s, %(resources)s::jsonb, NULL, false, DEFAULT)
+    RETURNING created_at
+), booked AS (
+    INSERT INTO device_bookings (device_id, allocation_id, purpose, during)
+    SELECT d.id, %(allocation)s, 'allocation', tstzrange(%(start)s, %(end)s, '[)')
+      FROM unnest(%(devices)s::bigint[]) AS d(id) ORDER BY d.id
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT created_at FROM allocation), (SELECT count(*) FROM booked)
+"""
+
+
+def _insert_bookings(*, allocation: Allocation, device_ids: list[int], window: Window) -> bool:
+    """Insert the allocation and its bookings; False when a booking lost to a concurrent one (guard 1)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO device_bookings (device_id, allocation_id, purpose, during)"
-            " SELECT d.id, %s, 'allocation', tstzrange(%s, %s, '[)')"
-            " FROM unnest(%s::bigint[]) AS d(id) ORDER BY d.id"
-            " ON CONFLICT DO NOTHING",
-            [allocation_id, window.start, window.end, device_ids],
+            _BOOK_SQL,
+            {
+                "allocation": allocation.id,
+                "reservation": allocation.reservation_id,
+                "node": allocation.node_id,
+                "resources": json.dumps(allocation.resources),
+                "start": window.start,
+                "end": window.end,
+                "devices": device_ids,
+            },
         )
-        return cursor.rowcount == len(device_ids)
+        row = cursor.fetchone()
+    assert row is not None
+    allocation.created_at = row[0]
+    allocation._state.adding = False
+    return int(row[1]) == len(device_ids)
 
 
 def _spot_in_the_way(*, device_ids: list[int], window: Window, displaced: Window) -> tuple[bool, list[str]]:
@@ -222,12 +255,23 @@ def _book_member(
 ) -> Allocation:
     """The allocation, its bookings (guard 1) and its scalar claims (guard 3); a lost race raises."""
     claims = {name: amount for name, amount in sorted(request.resources.items()) if amount > 0}
-    allocation = Allocation.objects.create(reservation=reservation, node_id=member.node_id, resources=claims)
-    if not _insert_bookings(allocation_id=allocation.id, device_ids=sorted(member.device_ids), window=window):
+    allocation = Allocation(reservation=reservation, node_id=member.node_id, resources=claims)
+    if not _insert_bookings(allocation=allocation, device_ids=sorted(member.device_ids), window=window):
         raise _LostRace("atoms booked concurrently")
     if not node_resources_claim(node_id=member.node_id, resources=claims):
         raise _LostRace("scalars claimed concurrently")
     return allocation
+
+
+class PlacementRestart(Exception):
+    """The savepoint-free commit lost a race after it wrote (or PostgreSQL broke a lock cycle).
+
+    The request's transaction cannot undo that piece alone: the create rolls
+    back whole and runs again with `careful` set (`reservations.services`).
+    """
+
+
+_Booked = tuple[list[tuple[Allocation, Member]], list[str], Window]
 
 
 def _try_option(
@@ -237,7 +281,70 @@ def _try_option(
     option: Option,
     window: Window,
     displaced: Window | None,
-) -> tuple[list[tuple[Allocation, Member]], list[str], Window] | None:
+    careful: bool,
+) -> _Booked | None:
+    """All members or none. The usual option is tried without a savepoint (`_try_option_direct`).
+
+    A displacing option gives spot reservations notice before it books, and a
+    `careful` commit (the second run of a create that had to restart) may not
+    restart again: both keep the savepoint around the whole option.
+    """
+    if displaced is not None or careful:
+        return _try_option_in_savepoint(
+            reservation=reservation, request=request, option=option, window=window, displaced=displaced
+        )
+    return _try_option_direct(reservation=reservation, request=request, option=option, window=window)
+
+
+def _try_option_direct(
+    *, reservation: Reservation, request: ReservationRequest, option: Option, window: Window
+) -> _Booked | None:
+    """Every member locked first, then booked: no savepoint (two statements fewer per create).
+
+    A race lost while locking wrote nothing, so the next option is tried in
+    the same transaction (the locks taken stay until it ends; they are shares
+    on rows a writer waits a moment for). A race lost once the allocation is
+    written, rare because the claim's check is as of now, and a broken lock
+    cycle raise `PlacementRestart`.
+    """
+    try:
+        members = [
+            _lock_member(request=request, member=member, window=window, claim=True)
+            for member in option.members
+        ]
+    except _Taken as passed_over:
+        logger.info("placement passed over option %s: %s", option.members[0].node_id, passed_over)
+        return None
+    except _LostRace as lost:
+        logger.info("placement lost a race on option %s: %s", option.members[0].node_id, lost)
+        return None
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) in (DEADLOCK_DETECTED, _LOCK_NOT_AVAILABLE):
+            raise PlacementRestart(str(exc)) from exc
+        raise
+    try:
+        booked = [
+            (_book_member(reservation=reservation, request=request, member=member, window=window), member)
+            for member in members
+        ]
+    except _LostRace as lost:
+        logger.info("placement lost a race on option %s after writing: %s", option.members[0].node_id, lost)
+        raise PlacementRestart(str(lost)) from lost
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) in (DEADLOCK_DETECTED, _LOCK_NOT_AVAILABLE):
+            raise PlacementRestart(str(exc)) from exc
+        raise
+    return booked, [], window
+
+
+def _try_option_in_savepoint(
+    *,
+    reservation: Reservation,
+    request: ReservationRequest,
+    option: Option,
+    window: Window,
+    displaced: Window | None,
+) -> _Booked | None:
     """All members or none: one savepoint around the whole option (a gang rolls back whole).
 
     `displaced` is the displace-mode window. It is taken only when a spot
@@ -299,7 +406,7 @@ def _try_option(
 
 
 def plan_commit(
-    *, reservation: Reservation, request: ReservationRequest, plan: Plan, window: Window
+    *, reservation: Reservation, request: ReservationRequest, plan: Plan, window: Window, careful: bool = True
 ) -> Placement | None:
     """Book the first option of `plan` that still holds; None when every one lost its race.
 
@@ -310,7 +417,12 @@ def plan_commit(
     displaced = plan.window if plan.displace else None
     for option in plan.options:
         taken = _try_option(
-            reservation=reservation, request=request, option=option, window=window, displaced=displaced
+            reservation=reservation,
+            request=request,
+            option=option,
+            window=window,
+            displaced=displaced,
+            careful=careful,
         )
         if taken is not None:
             allocations, cut, chosen = taken
@@ -319,17 +431,21 @@ def plan_commit(
 
 
 def placement_commit(
-    *, reservation: Reservation, request: ReservationRequest, pool: Pool, window: Window
+    *, reservation: Reservation, request: ReservationRequest, pool: Pool, window: Window, careful: bool = True
 ) -> Placement:
     """Book the best option that still holds, replanning when a shortlist is spent; else NoCapacity.
 
     A regular request that fits nowhere is planned once more in displace mode:
     it then starts when the spot notice ends and the spot reservations it takes
-    atoms from are cut to end then.
+    atoms from are cut to end then. Not `careful`, an option is booked without a
+    savepoint, and a race lost after writing raises `PlacementRestart`: the
+    caller rolls its transaction back and runs once more, careful.
     """
     started = time.perf_counter()
     try:
-        return _placement_commit(reservation=reservation, request=request, pool=pool, window=window)
+        return _placement_commit(
+            reservation=reservation, request=request, pool=pool, window=window, careful=careful
+        )
     finally:
         _observe("placement", time.perf_counter() - started)
 
@@ -340,7 +456,7 @@ def _observe(event: str, seconds: float) -> None:
 
 
 def _placement_commit(
-    *, reservation: Reservation, request: ReservationRequest, pool: Pool, window: Window
+    *, reservation: Reservation, request: ReservationRequest, pool: Pool, window: Window, careful: bool
 ) -> Placement:
     modes = (False,) if request.spot else (False, True)
     reason = None
@@ -353,7 +469,9 @@ def _placement_commit(
             if not plan.fits:
                 reason = plan.reason
                 break
-            placement = plan_commit(reservation=reservation, request=request, plan=plan, window=window)
+            placement = plan_commit(
+                reservation=reservation, request=request, plan=plan, window=window, careful=careful
+            )
             if placement is not None:
                 return placement
             reason = plan.reason
@@ -376,7 +494,7 @@ def placement_charges(placement: Placement) -> dict[str, int]:
 
 
 def placement_charge(*, placement: Placement, request: ReservationRequest) -> None:
-    """Quota and rollup deltas for a committed placement, in the same transaction (two statements).
+    """Quota and rollup deltas for a committed placement, in the same transaction (one statement).
 
     A `concurrent` quota adds one statement: the tenant's peak over the
     placement's window (the displaced one when it displaced spot bookings),
@@ -386,8 +504,9 @@ def placement_charge(*, placement: Placement, request: ReservationRequest) -> No
     tenant_id, pool_id, window = request.tenant_id, request.pool_id, placement.window
     # The ledger calls it with the resources to read: straight into the holdings, not back into the placer.
     peaks = partial(holdings_peaks, tenant_id=tenant_id, pool_id=pool_id, start=window.start, end=window.end)
-    quota_charge(pool_id=pool_id, tenant_id=tenant_id, charges=charges, window_peaks=peaks)
-    rollup_apply_deltas(pool_id=pool_id, deltas=placement_deltas(placement, charges))
+    # The rollup deltas ride in the charge's statement: one round trip for both.
+    rollups = rollup_deltas_piggyback(pool_id=pool_id, deltas=placement_deltas(placement, charges))
+    quota_charge(pool_id=pool_id, tenant_id=tenant_id, charges=charges, window_peaks=peaks, piggyback=rollups)
 
 
 def placement_deltas(

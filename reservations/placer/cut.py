@@ -21,7 +21,7 @@ from inventory.services.resources import node_resources_give_back
 from ledger.services.quota import quota_give_back
 from reservations.models import BookingPhase
 from reservations.rollups.counts import COUNTED_ATOM_SQL, COUNTED_NODE_SQL
-from reservations.rollups.deltas import rollup_apply_deltas
+from reservations.rollups.deltas import rollup_deltas_piggyback
 
 # Step 1 of a cut: mark the allocations released (once: the guarded UPDATE) and
 # lock their nodes FOR SHARE in id order, in one statement. A node or device
@@ -107,28 +107,33 @@ class _GivenBack:
     def give_back(self, *, pool_id: str, tenant_id: str) -> None:
         """Scalars to their nodes, quota to the tenant, counts out of the pool's rollups."""
         node_resources_give_back(claims=self.scalars)
-        quota_give_back(pool_id=pool_id, tenant_id=tenant_id, amounts=self.quota)
-        rollup_apply_deltas(
+        # The rollup deltas ride in the give-back's statement: one round trip for both.
+        rollups = rollup_deltas_piggyback(
             pool_id=pool_id,
             deltas={
                 resource: (-self.allocated[resource], -self.reserved[resource])
                 for resource in set(self.allocated) | set(self.reserved)
             },
         )
+        quota_give_back(pool_id=pool_id, tenant_id=tenant_id, amounts=self.quota, piggyback=rollups)
+
+
+# Bookings are history: the ones that started keep their past and end at `at`; later ones
+# go. One statement; its two parts touch disjoint rows (a booking starts before `at` or not).
+_END_BOOKINGS_SQL = """
+WITH removed AS (
+    DELETE FROM device_bookings WHERE allocation_id = ANY(%(allocations)s) AND lower(during) >= %(at)s
+    RETURNING 1
+)
+UPDATE device_bookings SET during = tstzrange(lower(during), %(at)s, '[)'),
+       phase = CASE WHEN %(at)s <= compute_now() THEN 2 ELSE phase END
+ WHERE allocation_id = ANY(%(allocations)s) AND upper(during) > %(at)s AND lower(during) < %(at)s
+"""
 
 
 def _end_bookings(cursor: Any, *, allocation_ids: list[str], at: datetime) -> None:
-    """Bookings are history: the ones that started keep their past and end at `at`; later ones go."""
-    cursor.execute(
-        "DELETE FROM device_bookings WHERE allocation_id = ANY(%s) AND lower(during) >= %s",
-        [allocation_ids, at],
-    )
-    cursor.execute(
-        "UPDATE device_bookings SET during = tstzrange(lower(during), %(at)s, '[)'),"
-        " phase = CASE WHEN %(at)s <= compute_now() THEN 2 ELSE phase END"
-        " WHERE allocation_id = ANY(%(allocations)s) AND upper(during) > %(at)s",
-        {"at": at, "allocations": allocation_ids},
-    )
+    """Later bookings deleted, running ones cut to end at `at`."""
+    cursor.execute(_END_BOOKINGS_SQL, {"at": at, "allocations": allocation_ids})
 
 
 def reservation_cut(

@@ -74,6 +74,49 @@ ON CONFLICT (pool_id, resource) DO UPDATE
 """
 
 
+# The same write as CTEs of another statement (`rollup_deltas_piggyback`).
+_DELTAS_CTES_SQL = """
+rollup_d AS (
+    SELECT resource, allocated, reserved
+      FROM unnest(%(rollup_resources)s::varchar[], %(rollup_allocated)s::bigint[],
+                  %(rollup_reserved)s::bigint[]) AS d(resource, allocated, reserved)
+), rollup_applied AS (
+    INSERT INTO pool_capacity_rollup AS r (pool_id, resource, total, allocatable, allocated,
+        reserved, provisioning, unhealthy, maintenance, unreachable, updated_at)
+    SELECT %(rollup_pool)s, d.resource, 0, 0, GREATEST(0, d.allocated), GREATEST(0, d.reserved),
+           0, 0, 0, 0, compute_now()
+      FROM rollup_d d
+     ORDER BY d.resource COLLATE "C"
+    ON CONFLICT (pool_id, resource) DO UPDATE
+       SET allocated = GREATEST(0, r.allocated
+                                   + (SELECT d.allocated FROM rollup_d d WHERE d.resource = r.resource)),
+           reserved = GREATEST(0, r.reserved
+                                  + (SELECT d.reserved FROM rollup_d d WHERE d.resource = r.resource)),
+           updated_at = compute_now()
+)"""
+
+
+def rollup_deltas_piggyback(
+    *, pool_id: str, deltas: Mapping[str, tuple[int, int]]
+) -> tuple[str, dict[str, Any]] | None:
+    """`rollup_apply_deltas` as CTEs for the quota's statement (`ledger.services.quota.Piggyback`).
+
+    None when there is nothing to apply. The booking transaction then charges
+    the quota and moves the rollups in one round trip, the quota rows locked
+    first and the pool's rollup rows after, as before (and last: it is the row
+    every booking of the pool queues on).
+    """
+    resources = sorted(name for name, (allocated, reserved) in deltas.items() if allocated or reserved)
+    if not resources:
+        return None
+    return _DELTAS_CTES_SQL, {
+        "rollup_pool": pool_id,
+        "rollup_resources": resources,
+        "rollup_allocated": [deltas[name][0] for name in resources],
+        "rollup_reserved": [deltas[name][1] for name in resources],
+    }
+
+
 def rollup_apply_deltas(*, pool_id: str, deltas: Mapping[str, tuple[int, int]]) -> None:
     """Apply `{resource: (allocated, reserved)}` for one pool, in resource-name order.
 

@@ -8,6 +8,8 @@ one transaction) do not run; it is not part of the request's transaction.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -15,9 +17,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from core.auth_cache import auth_cache_forget
 from core.models import ApiToken, Tenant
+from core.services import token_issue
 from inventory.models import Node, Pool
-from tests.support.api import post, reservation_body
+from tests.support.api import bearer_client, post, reservation_body
 from tests.support.factories import (
     DeviceFactory,
     NodeFactory,
@@ -27,22 +31,32 @@ from tests.support.factories import (
     QuotaUsageFactory,
 )
 
-# Token + principal + bindings, and whether `last_used_at` is due: one statement.
+# Token + principal + bindings, and whether `last_used_at` is due: one statement, the first
+# time; a token used again within a second is remembered (`core.auth_cache`): none.
 AUTH = 1
-# create: auth, the pool, the write rate counters (one upsert), the idempotency
-# look-up, the transaction's savepoint, the clock, the reservation insert (with its
-# outbox row and the worker's wake-up in the same statement), the two plan queries,
-# then per member the node lock, the atoms lock, the allocation, the bookings and
-# the scalar claim, and one statement each for quota and rollups.
-CREATE_MAX = 19
-# release: auth, the write rate counters, the locked row with its state and clock, the cut (allocations,
-# counts, delete, shorten, scalars, quota, rollups), the row update (with its outbox
-# row and both notifications in the same statement), its audit event, the savepoint
-# and its release, then the allocations with their atoms.
-RELEASE_MAX = 17
-# summary and byPool: auth, the pools, the rollup rows; byPool then its fragmentation
+# create, in the request's transaction (a test's own transaction: its savepoint counts, and the
+# delivery after commit does not run): the pool, the write rate counters (one upsert), the
+# savepoint, the reservation insert (with the clock, its outbox row and the worker's wake-up in
+# the same statement), the plan, then per member the node lock, the atom lock, the allocation
+# with its bookings and the scalar claim, and one statement for quota and rollups together.
+CREATE_MAX = 11
+# release: the write rate counters, the savepoint, the locked row with its state and clock, the
+# cut (allocations with their nodes, the bookings' counts, their end in one statement, scalars,
+# quota with rollups), the row update (with its outbox row, its audit event and both
+# notifications), the savepoint's release, then the answer read in one query.
+RELEASE_MAX = 10
+# The whole of each, as a server runs it (BEGIN and COMMIT are not statements the server sends
+# through a cursor): the request, then its delivery to the node after the response.
+# create + delivery: the pool, the rate counters, the insert, the plan, the node lock, the atom
+# lock, the allocation with its bookings, quota with rollups; then the outbox claim, the nodes
+# (their daemons held), the assignments with what the nodes hold, the nodes' new rows.
+CREATE_DELIVERED_MAX = 12
+# release + delivery: the rate counters, the locked row, the cut's four, the row update, the
+# answer; then the outbox claim, the nodes' daemons held, their records cut, the agent nodes.
+RELEASE_DELIVERED_MAX = 12
+# summary and byPool: the pools, the rollup rows; byPool then its fragmentation
 # (one pass over the pool's kept node counts).
-READ_MAX = 3
+READ_MAX = 2
 BY_POOL_MAX = READ_MAX + 1
 
 
@@ -66,7 +80,7 @@ def test_create_and_release_stay_within_their_statement_budget(
     QuotaUsageFactory.create(pool=owned_pool, tenant_id="acme", resource="gpu", max=64)
     QuotaUsageFactory.create(pool=owned_pool, tenant_id="acme", resource="vcpu", max=64)
     post(owner_client, "capacity/summary", {"tenantId": "acme"})  # records the token's first use
-    with django_assert_max_num_queries(CREATE_MAX):
+    with django_assert_max_num_queries(CREATE_MAX + 1):  # + the scalar claim
         created = post(
             owner_client,
             "reservations/create",
@@ -75,7 +89,7 @@ def test_create_and_release_stay_within_their_statement_budget(
     assert created.status_code == 201, created.json()
     assert len(created.json()["allocations"][0]["atoms"]) == 4
     ref = {"tenantId": "acme", "reservationId": created.json()["id"]}
-    with django_assert_max_num_queries(RELEASE_MAX):
+    with django_assert_max_num_queries(RELEASE_MAX + 1):  # + the scalars given back
         released = post(owner_client, "reservations/release", ref)
     assert released.status_code == 200
     assert released.json()["state"] == "released"
@@ -145,11 +159,51 @@ def test_authentication_is_one_statement_once_the_use_is_recorded(
 ) -> None:
     post(owner_client, "capacity/summary", {"tenantId": "acme"})
     assert ApiToken.objects.filter(last_used_at__isnull=False).exists()
+    auth_cache_forget()  # as a request more than a second later
     with CaptureQueriesContext(connection) as capture:
         post(owner_client, "capacity/summary", {"tenantId": "acme"})
     sql = statements(capture)
     assert sum("core_apitoken" in s for s in sql) == AUTH
     assert not any("core_rolebinding" in s and "core_apitoken" not in s for s in sql)
+    # Within the second: remembered, no statement at all.
+    with CaptureQueriesContext(connection) as capture:
+        post(owner_client, "capacity/summary", {"tenantId": "acme"})
+    assert not any("core_apitoken" in s or "core_rolebinding" in s for s in statements(capture))
+
+
+@contextmanager
+def counted() -> Iterator[list[str]]:
+    """Every statement this connection sends through a cursor (what bench.profile counts)."""
+    sent: list[str] = []
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        yield sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_create_and_a_release_with_their_deliveries_stay_within_their_budget(
+    owned_pool: Pool, gpu_node: Node
+) -> None:
+    """The shape the bench measures (one GPU, one hour, no scalars), committed and delivered for real."""
+    _, secret = token_issue(tenant_id="acme", role="member", name="budget")
+    client = bearer_client(secret)
+    post(client, "capacity/summary", {"tenantId": "acme"})  # records the token's first use
+    with counted() as sent:
+        created = post(client, "reservations/create", reservation_body(owned_pool, "acme", "d", gpus=1))
+    assert created.status_code == 201, created.json()
+    assert any("INSERT INTO fake_daemon_assignments" in s for s in sent)  # the delivery ran
+    assert len(sent) <= CREATE_DELIVERED_MAX, "\n".join(sent)
+    with counted() as sent:
+        released = post(
+            client, "reservations/release", {"tenantId": "acme", "reservationId": created.json()["id"]}
+        )
+    assert released.status_code == 200 and released.json()["state"] == "released"
+    assert any("fake_daemon_assignments f SET ends_at" in s for s in sent)  # the node's record was cut
+    assert len(sent) <= RELEASE_DELIVERED_MAX, "\n".join(sent)
 
 
 @pytest.mark.django_db

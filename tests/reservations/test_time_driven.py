@@ -161,16 +161,16 @@ def test_each_lease_is_released_in_its_own_transaction(
     make_node(owned_pool, gpus=2)
     first, _ = reservation_create(request=gpu_request(owned_pool, 1, lease_seconds=30), actor="t")
     second, _ = reservation_create(request=gpu_request(owned_pool, 1, lease_seconds=60), actor="t")
-    audit = services.audit_record
+    cut = services.reservation_cut
     calls: list[str] = []
 
     def fails_on_the_second(**fields: Any) -> Any:
-        calls.append(fields["subject_id"])
-        if fields["subject_id"] == second.pk:
+        calls.append(fields["reservation_id"])
+        if fields["reservation_id"] == second.pk:
             raise RuntimeError("the second release failed")
-        return audit(**fields)
+        return cut(**fields)
 
-    monkeypatch.setattr(services, "audit_record", fails_on_the_second)
+    monkeypatch.setattr(services, "reservation_cut", fails_on_the_second)
     clock(timedelta(seconds=61))
     with pytest.raises(RuntimeError):
         lease_expire_due()

@@ -434,3 +434,43 @@ def test_a_worker_killed_in_the_middle_of_a_job_loses_nothing_and_repeats_nothin
     assert sorted(released.values_list("subject_id", flat=True)) == sorted(ids)  # each exactly once
     assert QuotaUsage.objects.get(pool=owned_pool, tenant_id="acme", resource="gpu").used == 0
     assert snapshot([owned_pool.pk]) == snapshot_after_rebuild(owned_pool)
+
+
+def test_an_at_risk_mark_clears_within_5s_of_the_uncordon_that_lifts_its_cause(
+    tmp_path: Path, owned_pool: Pool, gpu_node: Node
+) -> None:
+    """A cordon right before uses the worker's turn; the uncordon still repairs at once, not 30 s later."""
+    rollup_rebuild(pool_id=owned_pool.pk)
+    operator = token_issue(tenant_id=None, role="operator", name="e2e operator")[1]
+    acme = token_issue(tenant_id="acme", role="member", name="e2e acme")[1]
+    with procfile_running(tmp_path) as running:
+        body = {
+            "tenantId": "acme",
+            "poolId": owned_pool.pk,
+            "devices": [{"class": "gpu", "count": 8}],
+            "start": _ms(compute_now()) + 600_000,
+            "duration": "1h",
+            "idempotencyKey": "later",
+        }
+        status, later = running.call("reservations/create", acme, body)
+        assert status == 201, later
+        ref = {"tenantId": "acme", "reservationId": later["id"]}
+
+        def at_risk() -> Any:
+            status, got = running.call("reservations/get", acme, ref)
+            assert status == 200, got
+            return got["atRisk"]
+
+        status, answer = running.call("nodes/cordon", operator, {"nodeId": gpu_node.pk, "reason": "xid 79"})
+        assert status == 200, answer
+        assert wait_for(lambda: at_risk() is not None, seconds=DEADLINE_SECONDS), running.output()[-3000:]
+        status, answer = running.call("nodes/uncordon", operator, {"nodeId": gpu_node.pk})
+        assert status == 200, answer
+        watch = Promises()
+        watch.expect(
+            "at-risk mark cleared",
+            compute_now() + timedelta(seconds=DEADLINE_SECONDS),
+            lambda: at_risk() is None,
+        )
+        watch.watch()
+        assert watch.late() == {}, running.output()[-3000:]
