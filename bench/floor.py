@@ -4,8 +4,9 @@ Each client runs, per operation, the write path of `reservations/create`
 followed by `reservations/release` with the same statements the placer and
 `reservation_cut` send (reservation insert, node lock `FOR SHARE` under the
 schedulability predicate, atoms `FOR SHARE`, allocation insert, bookings
-`ON CONFLICT DO NOTHING` with a row-count check, quota guard, rollup delta;
-then the release's lock, cut and give-backs), each in its own transaction.
+`ON CONFLICT DO NOTHING` with a row-count check, quota guard, rollup delta, and
+the outbox row; then the release's lock, cut and give-backs, the outbox row taken
+out as a delivery would), each in its own transaction.
 Planning is left out: the floor is what the database alone costs for the
 writes, so the API's ratio to it is the price of Python, HTTP and planning.
 
@@ -105,11 +106,14 @@ def _create(cur: psycopg.Cursor[Any], atom: Atom, run_id: str, rollup: str = "ro
     rsv = f"rsv_{run_id}{number:024x}"
     alloc = f"alloc_{run_id}{number:024x}"
     now = cur.execute("SELECT compute_now()").fetchone()[0]  # type: ignore[index]
+    # The reservation and its outbox row in one statement, as the create writes them.
     cur.execute(
-        "INSERT INTO reservations_reservation (id, request, request_digest, idempotency_key, spot, binding,"
-        " starts_at, ends_at, state, release_reason, at_risk_reason, pool_id, tenant_id, created_at)"
+        "WITH r AS (INSERT INTO reservations_reservation (id, request, request_digest, idempotency_key, spot,"
+        " binding, starts_at, ends_at, state, release_reason, at_risk_reason, pool_id, tenant_id, created_at)"
         " VALUES (%s, '{}'::jsonb, %s, %s, false, 'hold', %s, %s + interval '1 hour', 'active', '', '',"
-        " %s, %s, compute_now())",
+        " %s, %s, compute_now()) RETURNING id)"
+        " INSERT INTO reservations_delivery (reservation_id, kind, attempts, next_attempt_at, last_error,"
+        " created_at) SELECT id, 'assign', 0, compute_now() + interval '2 seconds', '', compute_now() FROM r",
         [rsv, "0" * 64, f"floor-{run_id}-{number}", now, now, atom.pool_id, atom.tenant_id],
     )
     if cur.execute(_LOCK_NODE, [atom.node_id, atom.pool_id]).fetchone() is None:
@@ -176,10 +180,12 @@ def _release(cur: psycopg.Cursor[Any], rsv: str, atom: Atom, rollup: str = "row"
         [atom.pool_id, atom.tenant_id],
     )
     _rollup(cur, rollup, {"pool": atom.pool_id, "resource": "gpu", "allocated": -1})
+    # The row, and the outbox row its delivery would have taken out (the floor tells no node).
     cur.execute(
-        "UPDATE reservations_reservation SET state = 'released', released_at = %s, release_reason = 'floor'"
+        "WITH delivered AS (DELETE FROM reservations_delivery WHERE reservation_id = %s)"
+        " UPDATE reservations_reservation SET state = 'released', released_at = %s, release_reason = 'floor'"
         " WHERE id = %s",
-        [now, rsv],
+        [rsv, now, rsv],
     )
     cur.execute("SELECT pg_notify('capacity_released', %s)", [atom.pool_id])
 

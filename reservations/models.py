@@ -70,6 +70,9 @@ class Reservation(models.Model):
     # that left the schedulable set and could not be moved (or is running there).
     at_risk_reason = models.TextField(blank=True)
     at_risk_since = models.DateTimeField(null=True, blank=True)
+    # The pool's `freed` count BookingRepair read before its last failed attempt to move this
+    # reservation: the next attempt waits until capacity was freed in the pool since.
+    at_risk_freed = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
 
     class Meta:
@@ -463,6 +466,10 @@ class PoolCapacityRollup(models.Model):
     )
     updated_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
     rebuilt_at = models.DateTimeField(null=True, blank=True)
+    # How many writes gave capacity back to this row (a negative allocated or reserved delta, a
+    # rise of allocatable, a rebuild): only grows. BookingRepair tries an at-risk reservation
+    # again once its pool's sum has grown (`reservations.lifecycle.repair`).
+    freed = models.BigIntegerField(db_default=0)
 
     class Meta:
         db_table = "pool_capacity_rollup"

@@ -18,7 +18,6 @@ from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connection
 from django.db.models import (
     CharField,
-    DateTimeField,
     OuterRef,
     Prefetch,
     Q,
@@ -71,18 +70,44 @@ def reservation_allocations_load(reservation: Reservation) -> Reservation:
     return reservation
 
 
+def _columns() -> tuple[list[str], str]:
+    names = [field.attname for field in Reservation._meta.concrete_fields]
+    return names, ", ".join(f"{_R}.{connection.ops.quote_name(name)}" for name in names)
+
+
+def _from_row(values: Sequence[Any]) -> Reservation:
+    """A model from a row of `_columns()`, its fields' database converters applied (the JSON ones)."""
+    fields = Reservation._meta.concrete_fields
+    converted = [
+        field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value
+        for field, value in zip(fields, values, strict=True)
+    ]
+    return Reservation.from_db(connection.alias, [field.attname for field in fields], converted)
+
+
 def reservation_lock(*, reservation_id: str, tenant_id: str | None = None) -> Reservation | None:
     """The reservation row locked `FOR UPDATE`, with its derived state and `compute_now()` (one query).
 
     The lock serializes concurrent releases, renewals and spot notices of one
     reservation; `tenant_id` (when given) makes another tenant's reservation
-    look absent.
+    look absent. Plain SQL, the row made into a model the way the ORM does
+    (`Model.from_db`): the release's hot path builds no queryset.
     """
-    queryset = Reservation.objects.filter(pk=reservation_id)
-    if tenant_id is not None:
-        queryset = queryset.filter(tenant_id=tenant_id)
-    now = RawSQL("compute_now()", [], output_field=DateTimeField())
-    return _with_state(queryset).annotate(db_now=now).select_for_update(of=("self",)).first()
+    names, columns = _columns()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {columns}, {STATE_SQL}, compute_now() FROM {_R}"
+            f" WHERE {_R}.id = %(id)s AND (%(tenant)s::varchar IS NULL OR {_R}.tenant_id = %(tenant)s)"
+            f" FOR UPDATE OF {_R}",
+            {"id": reservation_id, "tenant": tenant_id},
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    reservation = _from_row(row[: len(names)])
+    reservation.derived_state = row[len(names)]  # type: ignore[attr-defined]
+    reservation.db_now = row[len(names) + 1]  # type: ignore[attr-defined]
+    return reservation
 
 
 def reservation_state(reservation: Reservation) -> str:
@@ -115,17 +140,23 @@ COALESCE((SELECT json_agg(json_build_object(
 def reservation_get(*, tenant_id: str, reservation_id: str) -> Reservation:
     """The tenant's reservation; another tenant's (or none) is NOT_FOUND, never saying which.
 
-    One query: the row, its derived state and its allocations (`reservation_payload` answers
-    from them).
+    One query, in plain SQL: the row, its derived state and its allocations
+    (`reservation_payload` answers from them).
     """
-    allocations = RawSQL(_ALLOCATIONS_JSON_SQL, [], output_field=CharField())  # noqa: S611 - a constant
-    reservation = (
-        _with_state(Reservation.objects.filter(pk=reservation_id, tenant_id=tenant_id))
-        .annotate(allocations_json=allocations)
-        .first()
-    )
-    if reservation is None:
+    _, columns = _columns()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {columns}, {STATE_SQL}, {_ALLOCATIONS_JSON_SQL} FROM {_R}"
+            f" WHERE {_R}.id = %(id)s AND {_R}.tenant_id = %(tenant)s",
+            {"id": reservation_id, "tenant": tenant_id},
+        )
+        row = cursor.fetchone()
+    if row is None:
         raise NotFound("reservation not found")
+    count = len(Reservation._meta.concrete_fields)
+    reservation = _from_row(row[:count])
+    reservation.derived_state = row[count]  # type: ignore[attr-defined]
+    reservation.allocations_json = row[count + 1]  # type: ignore[attr-defined]
     return reservation
 
 

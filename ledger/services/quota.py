@@ -26,7 +26,8 @@ from ledger.models import QuotaMode, QuotaUsage
 # no round trip of its own: its CTEs (`name AS (...)`, comma-separated, none read by this
 # module's SQL) and their parameters (named apart from this module's: pool, tenant,
 # resources, amounts). PostgreSQL runs a data-modifying CTE the main query does not read
-# after the main query, so the quota rows are locked first, as in two statements.
+# after the main query, so the quota rows are locked first (and held while the piggyback
+# waits for its rows), as in two statements.
 Piggyback = tuple[str, dict[str, Any]]
 
 # The charge's question for `concurrent` rows: given the resources, the tenant's
@@ -47,7 +48,7 @@ WindowPeaks = Callable[[Sequence[str]], Mapping[str, int]]
 # the caller checks the peak next, while this statement's lock is held. A
 # counter-only charge returns no such row: its cost stays this one statement.
 _QUOTA_CHARGE_SQL = f"""
-WITH {{piggyback}}c AS (
+WITH c AS (
     SELECT resource, amount
       FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS c(resource, amount)
 ),
@@ -63,7 +64,7 @@ charged AS (
      WHERE q.id IN (SELECT id FROM locked) AND q.resource = c.resource
        AND (q.mode = '{QuotaMode.CONCURRENT}' OR q.used + c.amount <= q.max)
     RETURNING q.resource, q.mode, q.max, c.amount
-)
+){{piggyback}}
 SELECT * FROM (
     SELECT q.resource, q.used, q.max, c.amount, false AS concurrent
       FROM c JOIN quota_usage q
@@ -94,7 +95,9 @@ def _quota_rows_update(
     ctes, extra = piggyback if piggyback is not None else ("", {})
     with connection.cursor() as cursor:
         cursor.execute(
-            sql.replace("{piggyback}", f"{ctes},\n" if ctes else ""),
+            # After this module's CTEs: the statement's text (as pg_stat_activity shows its
+            # first kilobyte) starts with the quota's own.
+            sql.replace("{piggyback}", f",\n{ctes}" if ctes else ""),
             {
                 **extra,
                 "pool": pool_id,
@@ -162,12 +165,12 @@ def quota_charge(
 
 
 _QUOTA_GIVE_BACK_SQL = """
-WITH {piggyback}locked AS (
+WITH locked AS (
     SELECT q.id FROM quota_usage q
      WHERE q.pool_id = %(pool)s AND q.tenant_id = %(tenant)s AND q.resource = ANY(%(resources)s::varchar[])
      ORDER BY q.resource COLLATE "C"
        FOR UPDATE
-)
+){piggyback}
 UPDATE quota_usage q SET used = GREATEST(0, q.used - g.amount)
   FROM unnest(%(resources)s::varchar[], %(amounts)s::bigint[]) AS g(resource, amount)
  WHERE q.id IN (SELECT id FROM locked) AND q.resource = g.resource

@@ -93,6 +93,13 @@ _COUNTED = f"({schedulable_sql('n', 'p.owner_id')} AND d.healthy AND d.bookable)
 # at fleet scale, re-reading thousands of running at-risk reservations on every release
 # cost most of a sweep and could change nothing but the wording of a reason.
 # The uncounted atoms are found first (few), then their bookings through `booking_device_ends`.
+# A movable one is tried again only once capacity was given back in its pool since its last
+# failed attempt (its `at_risk_freed` is not the pool's count any more): a pass after which
+# nothing was freed moves nothing, so it tries nothing.
+#
+# How many times capacity was given back in the reservation `r`'s pool (`PoolCapacityRollup.freed`).
+POOL_FREED_SQL = "SELECT COALESCE(sum(q.freed), 0) FROM pool_capacity_rollup q WHERE q.pool_id = r.pool_id"
+
 _CANDIDATES_SQL = f"""
 WITH bad AS MATERIALIZED (
     SELECT d.id FROM inventory_device d
@@ -118,7 +125,8 @@ UNION
 SELECT r.id FROM reservations_reservation r
  WHERE r.at_risk_since IS NOT NULL AND r.id > %(after)s
    AND (r.state NOT IN ('scheduled', 'active')
-        OR (r.starts_at > compute_now() AND r.binding = 'hold')
+        OR (r.starts_at > compute_now() AND r.binding = 'hold'
+            AND r.at_risk_freed IS DISTINCT FROM ({POOL_FREED_SQL}))
         OR NOT EXISTS (SELECT 1 FROM on_bad o WHERE o.id = r.id))
 ORDER BY 1
 LIMIT %(limit)s
@@ -325,7 +333,9 @@ def _merge(*parts: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
 def _at_risk_save(reservation: Reservation, *, reason: str, since: datetime | None) -> None:
     reservation.at_risk_reason = reason
     reservation.at_risk_since = since
-    reservation.save(update_fields=["at_risk_reason", "at_risk_since"])
+    if since is None:
+        reservation.at_risk_freed = None  # a later mark waits for nothing it did not try
+    reservation.save(update_fields=["at_risk_reason", "at_risk_since", "at_risk_freed"])
 
 
 def _audit(reservation: Reservation, *, action: str, reason: str, data: dict[str, Any]) -> None:
@@ -340,8 +350,17 @@ def _audit(reservation: Reservation, *, action: str, reason: str, data: dict[str
     )
 
 
-def _mark(reservation: Reservation, *, reason: str, now: datetime, data: dict[str, Any]) -> Outcome:
-    """Mark at risk (since now, if not already), or update the reason; audited when it changes."""
+def _mark(
+    reservation: Reservation, *, reason: str, now: datetime, data: dict[str, Any], freed: int | None = None
+) -> Outcome:
+    """Mark at risk (since now, if not already), or update the reason; audited when it changes.
+
+    `freed`: the pool's count of given-back capacity read before a failed attempt to move it
+    (kept, so the next attempt waits for capacity to be given back).
+    """
+    if freed is not None and reservation.at_risk_freed != freed:
+        reservation.at_risk_freed = freed
+        reservation.save(update_fields=["at_risk_freed"])
     if reservation.at_risk_since is not None and reservation.at_risk_reason == reason:
         return Outcome(None, reason)
     first = reservation.at_risk_since is None
@@ -366,6 +385,13 @@ def _clear(reservation: Reservation, *, why: str, data: dict[str, Any]) -> Outco
         data={**data, "previousReason": previous},
     )
     return Outcome("cleared", why)
+
+
+def _pool_freed(pool_id: str) -> int:
+    rows = _rows(
+        "SELECT COALESCE(sum(freed), 0) FROM pool_capacity_rollup WHERE pool_id = %(pool)s", {"pool": pool_id}
+    )
+    return int(rows[0][0])
 
 
 def _enqueue_deliveries(reservation_id: str) -> None:
@@ -425,12 +451,21 @@ def reservation_repair(*, reservation_id: str) -> Outcome:
                 reservation, reason=f"{reason}; its request cannot be placed again: {exc}", now=now, data=data
             )
         window = Window(start=reservation.starts_at, end=reservation.ends_at, now=now)
+        # Read before the attempt (an earlier statement, an earlier snapshot): capacity given
+        # back after it is counted as new, so a failed attempt that could not see it is retried.
+        freed = _pool_freed(reservation.pool_id)
         try:
             with transaction.atomic():
                 old_nodes, given_back = _remove(reservation)
                 placement = _place(reservation=reservation, request=request, pool=pool, window=window)
         except _NoPlacement as exc:
-            return _mark(reservation, reason=f"{reason}; no other placement fits: {exc}", now=now, data=data)
+            return _mark(
+                reservation,
+                reason=f"{reason}; no other placement fits: {exc}",
+                now=now,
+                data=data,
+                freed=freed,
+            )
         rollup_apply_deltas(
             pool_id=reservation.pool_id,
             # Every atom was locked schedulable, healthy and bookable: all of it is counted.

@@ -34,6 +34,7 @@ from reservations.lifecycle.repair import reservation_repair
 from reservations.maintenance.windows import iso, window_conflicts, windows_overlapping
 from reservations.models import MaintenanceWindow, MaintenanceWindowNode, MaintenanceWindowState, Reservation
 from reservations.nodes.changes import REPAIR_WAKE
+from reservations.rollups.deltas import rollup_capacity_freed
 
 __all__ = [
     "ConflictOutcome",
@@ -296,6 +297,7 @@ def maintenance_shorten(*, window_id: str, ends_at: datetime, actor: str) -> Mai
                 " WHERE window_id = %s AND upper(during) > %s",
                 [ends_at, window.pk, ends_at],
             )
+        rollup_capacity_freed(node_ids=_member_ids(window))
         window.ends_at = ends_at
         window.save(update_fields=["ends_at", "updated_at"])
         _audit(window, actor=actor, action="maintenance.shortened", reason="", previousTo=iso(old_end))
@@ -353,6 +355,7 @@ def maintenance_extend(*, window_id: str, ends_at: datetime, actor: str) -> Main
                 [{"field": "to", "message": text} for text in blockers],
             )
         old_end = window.ends_at
+        rollup_capacity_freed(node_ids=_member_ids(window))
         window.ends_at = ends_at
         window.save(update_fields=["ends_at", "updated_at"])
         booked = _fill(node_ids)
@@ -404,6 +407,7 @@ def maintenance_cancel(*, window_id: str, actor: str, reason: str = "") -> Maint
                 " WHERE window_id = %s AND upper(during) > %s",
                 [now, window.pk, now],
             )
+        rollup_capacity_freed(node_ids=node_ids)
         if was == MaintenanceWindowState.ACTIVE:
             members_switch_off(window, actor=actor)
         _audit(window, actor=actor, action="maintenance.cancelled", reason=reason, previousState=was)

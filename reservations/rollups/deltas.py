@@ -45,6 +45,8 @@ def rollup_apply_delta(*, pool_id: str, resource: str, allocated: int = 0, reser
             ON CONFLICT (pool_id, resource) DO UPDATE
                SET allocated = GREATEST(0, pool_capacity_rollup.allocated + %(allocated)s),
                    reserved = GREATEST(0, pool_capacity_rollup.reserved + %(reserved)s),
+                   freed = pool_capacity_rollup.freed
+                           + CASE WHEN %(allocated)s < 0 OR %(reserved)s < 0 THEN 1 ELSE 0 END,
                    updated_at = compute_now()
             """,
             {"pool": pool_id, "resource": resource, "allocated": allocated, "reserved": reserved},
@@ -70,6 +72,8 @@ SELECT %(pool)s, d.resource, 0, 0, GREATEST(0, d.allocated), GREATEST(0, d.reser
 ON CONFLICT (pool_id, resource) DO UPDATE
    SET allocated = GREATEST(0, r.allocated + (SELECT d.allocated FROM d WHERE d.resource = r.resource)),
        reserved = GREATEST(0, r.reserved + (SELECT d.reserved FROM d WHERE d.resource = r.resource)),
+       freed = r.freed + (SELECT CASE WHEN d.allocated < 0 OR d.reserved < 0 THEN 1 ELSE 0 END
+                            FROM d WHERE d.resource = r.resource),
        updated_at = compute_now()
 """
 
@@ -92,6 +96,8 @@ rollup_d AS (
                                    + (SELECT d.allocated FROM rollup_d d WHERE d.resource = r.resource)),
            reserved = GREATEST(0, r.reserved
                                   + (SELECT d.reserved FROM rollup_d d WHERE d.resource = r.resource)),
+           freed = r.freed + (SELECT CASE WHEN d.allocated < 0 OR d.reserved < 0 THEN 1 ELSE 0 END
+                                FROM rollup_d d WHERE d.resource = r.resource),
            updated_at = compute_now()
 )"""
 
@@ -136,6 +142,19 @@ def rollup_apply_deltas(*, pool_id: str, deltas: Mapping[str, tuple[int, int]]) 
                 "allocated": [deltas[name][0] for name in resources],
                 "reserved": [deltas[name][1] for name in resources],
             },
+        )
+
+
+def rollup_capacity_freed(*, node_ids: list[str]) -> None:
+    """Count a giving-back that moved no count (a maintenance window's bookings ended early).
+
+    BookingRepair then tries the at-risk reservations of these nodes' pools again.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pool_capacity_rollup SET freed = freed + 1"
+            " WHERE pool_id IN (SELECT pool_id FROM inventory_node WHERE id = ANY(%s))",
+            [node_ids],
         )
 
 
@@ -217,7 +236,7 @@ written AS (
            reserved = EXCLUDED.reserved, provisioning = EXCLUDED.provisioning,
            unhealthy = EXCLUDED.unhealthy, maintenance = EXCLUDED.maintenance,
            unreachable = EXCLUDED.unreachable, updated_at = EXCLUDED.updated_at,
-           rebuilt_at = EXCLUDED.rebuilt_at
+           rebuilt_at = EXCLUDED.rebuilt_at, freed = r.freed + 1
     RETURNING r.pool_id, r.resource
 )
 DELETE FROM pool_capacity_rollup old
@@ -255,11 +274,12 @@ SELECT f.pool_id, f.resource,
  ORDER BY f.pool_id COLLATE "C", f.resource COLLATE "C"
 ON CONFLICT (pool_id, resource) DO UPDATE
    SET (total, allocatable, allocated, reserved, provisioning, unhealthy, maintenance, unreachable,
-        updated_at) = (
+        updated_at, freed) = (
        SELECT m.allocatable + m.provisioning + m.unhealthy + m.maintenance + m.unreachable,
               m.allocatable, m.allocated, m.reserved, m.provisioning, m.unhealthy, m.maintenance,
-              m.unreachable, compute_now()
+              m.unreachable, compute_now(), m.freed
          FROM (SELECT GREATEST(0, r.allocatable + d.allocatable) AS allocatable,
+                      r.freed + CASE WHEN d.allocatable > 0 THEN 1 ELSE 0 END AS freed,
                       GREATEST(0, r.allocated + d.allocated) AS allocated,
                       GREATEST(0, r.reserved + d.reserved) AS reserved,
                       GREATEST(0, r.provisioning + d.provisioning) AS provisioning,

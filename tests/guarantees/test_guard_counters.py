@@ -131,12 +131,12 @@ def rollup_rows_of(pool: Pool) -> Callable[[], Any]:
 def test_guard5_a_charge_that_waited_for_another_charges_row_lock_rechecks_the_limit() -> None:
     pool = PoolFactory()
     a_gpu_quota_of_one_over_two_nodes(pool)
-    # Holding the pool's rollup rows stops the first placement just after its quota
-    # charge (the rollup deltas come next), whose row lock it then holds, uncommitted.
-    # The second books the other node's GPU (no atom or node to queue on) and then waits
-    # for the quota row.
+    # Holding the pool's rollup rows stops the first placement in its quota charge, just
+    # after the guarded UPDATE (the rollup deltas ride in the same statement and run after
+    # it), whose row lock it then holds, uncommitted. The second books the other node's GPU
+    # (no atom or node to queue on) and then waits for the quota row.
     result = second_placement_after_a_queue(
-        rollup_rows_of(pool), on_gpu(pool, 0), "pool_capacity_rollup", on_gpu(pool, 1), "quota_usage"
+        rollup_rows_of(pool), on_gpu(pool, 0), "quota_usage", on_gpu(pool, 1), "quota_usage"
     )
     # Its guarded UPDATE re-read the row the first committed (1 of 1): refused.
     assert isinstance(result, QuotaExceeded), result
@@ -157,10 +157,11 @@ def test_guard5_a_concurrent_charge_that_waited_for_the_row_lock_sees_the_first_
     a_gpu_quota_of_one_over_two_nodes(pool, mode="concurrent")
     later = int((compute_now() + timedelta(minutes=30)).timestamp() * 1000)
     # The second starts half an hour into the first's hour: they overlap, on two different GPUs.
+    # The first stops in its charge's statement (holding the quota row), as above.
     result = second_placement_after_a_queue(
         rollup_rows_of(pool),
         on_gpu(pool, 0),
-        "pool_capacity_rollup",
+        "quota_usage",
         on_gpu(pool, 1, start_ms=later),
         "quota_usage",
     )

@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 from core.clock import compute_now
 from core.models import AuditEvent, Tenant
 from inventory.models import Device, Node, Pool
+from inventory.services.nodes import node_cordon
 from ledger.models import QuotaUsage
 from reservations.delivery.daemon import daemon_holdings
 from reservations.lifecycle.repair import bookings_repair, repair_candidates
@@ -361,3 +362,42 @@ def test_the_schema_documents_at_risk_and_the_pools_count() -> None:
     by_pool = response_schema("/api/compute/capacity/byPool")
     assert by_pool["properties"]["atRiskReservations"]["type"] == "integer"
     assert "atRiskReservations" in by_pool["required"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_after_which_nothing_was_given_back_tries_no_at_risk_move_and_a_release_makes_it_try(
+    owner_client: APIClient, owner_tenant: Tenant, owned_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two 8-GPU nodes, one cordoned under a future 8-GPU booking while the other is taken: at risk.
+
+    Passes that follow try nothing (no placement attempt) until capacity is given back in the
+    pool; then the next pass moves it onto the freed node.
+    """
+    from reservations.lifecycle import repair
+
+    first, second = make_node(owned_pool, hostname="a-0"), make_node(owned_pool, hostname="a-1")
+    rollup_rebuild(pool_id=owned_pool.id)
+    later = create(owner_client, reservation_body(owned_pool, "acme", "later", gpus=8, start=later_ms(2)))
+    (node,) = nodes_of(later["id"])
+    other = second.pk if node == first.pk else first.pk
+    blocker = create(owner_client, reservation_body(owned_pool, "acme", "blocker", gpus=8, duration="4h"))
+    assert nodes_of(blocker["id"]) == [other]
+    node_cordon(node=Node.objects.get(pk=node), reason="xid 79", actor="test")
+    bookings_repair()
+    assert get(owner_client, "acme", later["id"])["atRisk"] is not None
+
+    attempts: list[str] = []
+    place = repair._place
+
+    def counted(**kwargs: Any) -> Any:
+        attempts.append(kwargs["reservation"].pk)
+        return place(**kwargs)
+
+    monkeypatch.setattr(repair, "_place", counted)
+    assert bookings_repair() == 0 and bookings_repair() == 0
+    assert attempts == []  # nothing was given back: nothing tried
+    operate(owner_client, "reservations/release", {"tenantId": "acme", "reservationId": blocker["id"]})
+    assert bookings_repair() == 1
+    assert attempts == [later["id"]]
+    moved = get(owner_client, "acme", later["id"])
+    assert moved["atRisk"] is None and [a["nodeId"] for a in moved["allocations"]] == [other]
