@@ -82,6 +82,12 @@ class _Memory:
             self._rows.clear()
             self.generation += 1
 
+    def start(self) -> None:
+        self._start()
+
+    def listening(self, *, timeout: float) -> bool:
+        return self._listening.wait(timeout)
+
     def _start(self) -> None:
         # Per process: a forked server worker starts its own listener.
         if self._pid == os.getpid() and self._thread is not None and self._thread.is_alive():
@@ -122,6 +128,16 @@ class _Memory:
 
 
 MEMORY = _Memory()
+
+
+def auth_cache_start(*, timeout: float = 5.0) -> bool:
+    """Start this process's listener now and wait (at most `timeout`) until it listens; whether it does.
+
+    Without it the memory starts on the first authentication and remembers
+    from the first request after its connection is up.
+    """
+    MEMORY.start()
+    return MEMORY.listening(timeout=timeout)
 
 
 def auth_cache_forget(**_: Any) -> None:

@@ -29,6 +29,7 @@ from django.db.models.expressions import RawSQL
 from core.constants import RESERVATION_ID_REGEX
 from core.cursors import cursor_decode, cursor_encode, cursor_invalid, cursor_time
 from core.errors import InvalidInput, NotFound
+from core.rows import model_columns, model_from_row, model_width
 from reservations.models import Allocation, BookingPurpose, DeviceBooking, Reservation, ReservationState
 
 DEFAULT_LIMIT = 100
@@ -70,21 +71,6 @@ def reservation_allocations_load(reservation: Reservation) -> Reservation:
     return reservation
 
 
-def _columns() -> tuple[list[str], str]:
-    names = [field.attname for field in Reservation._meta.concrete_fields]
-    return names, ", ".join(f"{_R}.{connection.ops.quote_name(name)}" for name in names)
-
-
-def _from_row(values: Sequence[Any]) -> Reservation:
-    """A model from a row of `_columns()`, its fields' database converters applied (the JSON ones)."""
-    fields = Reservation._meta.concrete_fields
-    converted = [
-        field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value
-        for field, value in zip(fields, values, strict=True)
-    ]
-    return Reservation.from_db(connection.alias, [field.attname for field in fields], converted)
-
-
 def reservation_lock(*, reservation_id: str, tenant_id: str | None = None) -> Reservation | None:
     """The reservation row locked `FOR UPDATE`, with its derived state and `compute_now()` (one query).
 
@@ -93,7 +79,7 @@ def reservation_lock(*, reservation_id: str, tenant_id: str | None = None) -> Re
     look absent. Plain SQL, the row made into a model the way the ORM does
     (`Model.from_db`): the release's hot path builds no queryset.
     """
-    names, columns = _columns()
+    columns, width = model_columns(Reservation, _R), model_width(Reservation)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {columns}, {STATE_SQL}, compute_now() FROM {_R}"
@@ -104,9 +90,9 @@ def reservation_lock(*, reservation_id: str, tenant_id: str | None = None) -> Re
         row = cursor.fetchone()
     if row is None:
         return None
-    reservation = _from_row(row[: len(names)])
-    reservation.derived_state = row[len(names)]  # type: ignore[attr-defined]
-    reservation.db_now = row[len(names) + 1]  # type: ignore[attr-defined]
+    reservation = model_from_row(Reservation, row)
+    reservation.derived_state = row[width]  # type: ignore[attr-defined]
+    reservation.db_now = row[width + 1]  # type: ignore[attr-defined]
     return reservation
 
 
@@ -126,15 +112,24 @@ def reservation_state(reservation: Reservation) -> str:
 # One reservation's allocations in the contract's shape, atoms by uid, in the order the
 # prefetch gives them (created, then id): the answer of `get`, `release` and `renew` in the
 # same query as the row, not a second one.
-_ALLOCATIONS_JSON_SQL = f"""
+def allocations_json_sql(reservation_id: str) -> str:
+    """A reservation's allocations as the answer shows them (JSON text), for the row `reservation_id` names.
+
+    An expression for another statement's select list: the release answers from
+    the statement that releases (`reservations.services`).
+    """
+    return f"""
 COALESCE((SELECT json_agg(json_build_object(
         'id', a.id, 'nodeId', a.node_id,
         'atoms', ARRAY(SELECT d.uid FROM device_bookings b JOIN inventory_device d ON d.id = b.device_id
                         WHERE b.allocation_id = a.id ORDER BY d.uid),
         'resources', COALESCE(a.resources, '{{}}'::jsonb), 'placement', a.placement)
         ORDER BY a.created_at, a.id)
-   FROM reservations_allocation a WHERE a.reservation_id = {_R}.id), '[]')::text
+   FROM reservations_allocation a WHERE a.reservation_id = {reservation_id}), '[]')::text
 """
+
+
+_ALLOCATIONS_JSON_SQL = allocations_json_sql(f"{_R}.id")
 
 
 def reservation_get(*, tenant_id: str, reservation_id: str) -> Reservation:
@@ -143,7 +138,7 @@ def reservation_get(*, tenant_id: str, reservation_id: str) -> Reservation:
     One query, in plain SQL: the row, its derived state and its allocations
     (`reservation_payload` answers from them).
     """
-    _, columns = _columns()
+    columns = model_columns(Reservation, _R)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {columns}, {STATE_SQL}, {_ALLOCATIONS_JSON_SQL} FROM {_R}"
@@ -153,10 +148,10 @@ def reservation_get(*, tenant_id: str, reservation_id: str) -> Reservation:
         row = cursor.fetchone()
     if row is None:
         raise NotFound("reservation not found")
-    count = len(Reservation._meta.concrete_fields)
-    reservation = _from_row(row[:count])
-    reservation.derived_state = row[count]  # type: ignore[attr-defined]
-    reservation.allocations_json = row[count + 1]  # type: ignore[attr-defined]
+    width = model_width(Reservation)
+    reservation = model_from_row(Reservation, row)
+    reservation.derived_state = row[width]  # type: ignore[attr-defined]
+    reservation.allocations_json = row[width + 1]  # type: ignore[attr-defined]
     return reservation
 
 

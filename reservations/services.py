@@ -49,6 +49,7 @@ from reservations.placer.plan import placement_window
 from reservations.request.parse import canonical_request_digest
 from reservations.request.resolve import reservation_request_check
 from reservations.request.types import ReservationRequest
+from reservations.selectors import allocations_json_sql
 from reservations.waits import LISTENER, RELEASE_CHANNEL, wait_for_release, wait_slot
 
 logger = logging.getLogger(__name__)
@@ -323,7 +324,8 @@ WITH released AS (
     {audit_sql(source="released", action="reservation.release", subject_type="reservation")}
 )
 SELECT pg_notify(%(release_channel)s, released.pool_id),
-       pg_notify(%(worker_channel)s, to_json(delivery.next_attempt_at) #>> '{{}}')
+       pg_notify(%(worker_channel)s, to_json(delivery.next_attempt_at) #>> '{{}}'),
+       {allocations_json_sql("released.id")}
   FROM released, delivery, audit
 """
 
@@ -369,6 +371,10 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
                     ),
                 },
             )
+            # The answer, read in the same statement: the allocations as the cut left them.
+            row = cursor.fetchone()
+        assert row is not None
+        locked.allocations_json = row[2]  # type: ignore[attr-defined]
         released_id = locked.pk
         deliver_after_commit(reservation_id=released_id)
     return locked

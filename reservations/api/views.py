@@ -140,6 +140,9 @@ class ReservationsViewSet(RpcViewSet):
             actor=actor_of(request),
             tenant_id=data["tenant_id"],
         )
+        if getattr(reservation, "allocations_json", None) is not None:
+            # Released now: the release's own statement read the answer; nothing to read back.
+            return Response(reservation_payload(reservation, state="released"))
         return _reservation_response(data["tenant_id"], reservation.pk)
 
     @_reservation_action(

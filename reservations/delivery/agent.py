@@ -103,9 +103,10 @@ def agent_changes_enqueue(*, reservation_id: str, kind: str, node_ids: list[str]
     node, the writers take turns (a transaction-scoped lock), so the ids of
     one node's changes commit in increasing order and an agent that asks for
     what follows its last id never misses one that committed late. `node_ids`:
-    an assign's agent nodes, when the caller has read them.
+    the nodes to tell, when the caller has read them (an assign's agent nodes,
+    `SHORTEN_NODE_IDS_SQL`'s for a shorten).
     """
-    if kind == DeliveryKind.SHORTEN:
+    if kind == DeliveryKind.SHORTEN and node_ids is None:
         # A node the reservation left (BookingRepair moved it) has no allocation any more, but
         # was told of it: it hears that nothing is left there.
         node_ids = _shorten_node_ids(reservation_id)
@@ -130,19 +131,21 @@ def agent_changes_enqueue(*, reservation_id: str, kind: str, node_ids: list[str]
     return len(node_ids)
 
 
+# A shorten's nodes: the reservation's agent nodes, and those whose last word on it was not
+# "nothing is left" (an end of 0), in id order. Takes `%(id)s`, the reservation.
+SHORTEN_NODE_IDS_SQL = (
+    "SELECT a.node_id FROM reservations_allocation a"
+    " JOIN inventory_node n ON n.id = a.node_id WHERE a.reservation_id = %(id)s AND n.agent"
+    " UNION SELECT node_id FROM (SELECT DISTINCT ON (node_id) node_id,"
+    " (payload ->> 'end')::bigint AS told_end FROM reservations_nodechange"
+    " WHERE reservation_id = %(id)s ORDER BY node_id, id DESC) last"
+    " WHERE told_end IS DISTINCT FROM 0 ORDER BY 1"
+)
+
+
 def _shorten_node_ids(reservation_id: str) -> list[str]:
-    """A shorten's nodes: the reservation's agent nodes, and those whose last word on it was not
-    "nothing is left" (an end of 0), in id order; one statement."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT a.node_id FROM reservations_allocation a"
-            " JOIN inventory_node n ON n.id = a.node_id WHERE a.reservation_id = %(id)s AND n.agent"
-            " UNION SELECT node_id FROM (SELECT DISTINCT ON (node_id) node_id,"
-            " (payload ->> 'end')::bigint AS told_end FROM reservations_nodechange"
-            " WHERE reservation_id = %(id)s ORDER BY node_id, id DESC) last"
-            " WHERE told_end IS DISTINCT FROM 0 ORDER BY 1",
-            {"id": reservation_id},
-        )
+        cursor.execute(SHORTEN_NODE_IDS_SQL, {"id": reservation_id})
         return [node_id for (node_id,) in cursor.fetchall()]
 
 

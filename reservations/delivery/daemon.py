@@ -480,8 +480,9 @@ SELECT (SELECT count(*) FROM atoms_dropped), (SELECT count(*) FROM atoms_cut),
        (SELECT count(*) FROM claims_dropped), (SELECT count(*) FROM claims_cut)
 """
 
-# Each node holding the reservation, its daemon held, in node order (one statement).
-_SHORTEN_LOCK_SQL = """
+# Each node holding the reservation, its daemon held, in node order (one statement); how many.
+# Takes `%(reservation)s` and `%(node)s` (NULL: every node).
+SHORTEN_LOCK_SQL = """
 SELECT count(pg_advisory_xact_lock(hashtext('fake-daemon:' || node_id))) FROM (
     SELECT node_id FROM fake_daemon_assignments WHERE reservation_id = %(reservation)s
        AND (%(node)s::varchar IS NULL OR node_id = %(node)s)
@@ -491,19 +492,25 @@ SELECT count(pg_advisory_xact_lock(hashtext('fake-daemon:' || node_id))) FROM (
 """
 
 
-def daemon_shorten(*, reservation_id: str, node_id: str | None = None) -> None:
+def daemon_shorten(*, reservation_id: str, node_id: str | None = None, held: int | None = None) -> None:
     """Bring the node's record of a reservation in line with its (shortened) bookings.
 
     Atoms and claims alike: only what the node accepted is ever kept, rows are
     cut or dropped, never added, so a refused assignment leaves no trace.
     Two statements: the nodes' locks, then the cut (its snapshot, and so the
-    bookings it reads, taken once the locks are held).
+    bookings it reads, taken once the locks are held). `held`: how many nodes'
+    daemons the caller's transaction already holds for it (`SHORTEN_LOCK_SQL`
+    in a statement of its own).
     """
     params = {"reservation": reservation_id, "node": node_id}
+    if held is not None and not connection.in_atomic_block:
+        raise ValueError("daemon_shorten(held=...) runs in the transaction that held them")
     with _joined(), connection.cursor() as cursor:
-        cursor.execute(_SHORTEN_LOCK_SQL, params)
-        row = cursor.fetchone()
-        if row is None or not row[0]:
+        if held is None:
+            cursor.execute(SHORTEN_LOCK_SQL, params)
+            row = cursor.fetchone()
+            held = int(row[0]) if row is not None else 0
+        if not held:
             return  # the node holds nothing of it
         cursor.execute(_SHORTEN_SQL, params)
 

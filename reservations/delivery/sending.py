@@ -11,10 +11,16 @@ delivery never imports the services: they write its rows
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.db import connection, transaction
 
-from reservations.delivery.agent import agent_changes_enqueue
-from reservations.delivery.daemon import daemon_behind, daemon_deliver, daemon_open, daemon_shorten
+from reservations.delivery.agent import SHORTEN_NODE_IDS_SQL, agent_changes_enqueue
+from reservations.delivery.daemon import (
+    SHORTEN_LOCK_SQL,
+    daemon_behind,
+    daemon_deliver,
+    daemon_open,
+    daemon_shorten,
+)
 from reservations.delivery.signals import assignment_refused
 from reservations.models import DeliveryKind, Reservation
 
@@ -34,8 +40,22 @@ def delivery_send(*, reservation_id: str, kind: str) -> None:
         # their answer comes later, and a refusal releases the reservation then.
         agent_changes_enqueue(reservation_id=reservation_id, kind=kind, node_ids=agent_nodes)
     else:
-        daemon_shorten(reservation_id=reservation_id)
-        agent_changes_enqueue(reservation_id=reservation_id, kind=kind)
+        held, agent_nodes = _shorten_open(reservation_id)
+        daemon_shorten(reservation_id=reservation_id, held=held)
+        agent_changes_enqueue(reservation_id=reservation_id, kind=kind, node_ids=agent_nodes)
+
+
+# A shorten's two questions in one round trip: the daemons of the nodes that hold the
+# reservation, held (how many), and the agent nodes to tell.
+_SHORTEN_OPEN_SQL = f"SELECT ({SHORTEN_LOCK_SQL}), ARRAY({SHORTEN_NODE_IDS_SQL})"
+
+
+def _shorten_open(reservation_id: str) -> tuple[int, list[str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(_SHORTEN_OPEN_SQL, {"reservation": reservation_id, "node": None, "id": reservation_id})
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0] or 0), list(row[1])
 
 
 def reservation_deliver(*, reservation_id: str) -> bool:

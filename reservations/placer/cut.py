@@ -46,10 +46,14 @@ SELECT r.id, r.node_id, r.resources, COALESCE(l.counted, false)
 """
 
 # Step 2: lock the bookings (a phase move by the worker then either committed
-# and is read here, or waits for this cut, which sees its rows first) and
-# count them by class, whether their atom is counted, their phase, and what
-# the cut does to them: removes it (it starts at or after `at`), shortens it
-# (it ends after `at`) or keeps it (it already ends by `at`: settlement).
+# and is read here, or waits for this cut, which sees its rows first), count them
+# by class, whether their atom is counted, their phase, and what the cut does to
+# them: removes it (it starts at or after `at`), shortens it (it ends after `at`)
+# or keeps it (it already ends by `at`: settlement); and do it, in the same
+# statement. Bookings are history: the ones that started keep their past and end at
+# `at`; later ones go. The delete and the cut touch the rows `bk` locked (disjoint:
+# a booking starts before `at` or not) and run after the count, which reads the
+# rows as they were.
 _CUT_COUNT_SQL = f"""
 WITH bk AS MATERIALIZED (
     SELECT b.id, b.device_id, b.phase, lower(b.during) AS lo, upper(b.during) AS hi
@@ -57,6 +61,14 @@ WITH bk AS MATERIALIZED (
      WHERE b.allocation_id = ANY(%(allocations)s)
      ORDER BY b.id
        FOR UPDATE
+), removed AS (
+    DELETE FROM device_bookings d USING bk WHERE d.id = bk.id AND bk.lo >= %(at)s
+    RETURNING 1
+), shortened AS (
+    UPDATE device_bookings d SET during = tstzrange(lower(d.during), %(at)s, '[)'),
+           phase = CASE WHEN %(at)s <= compute_now() THEN 2 ELSE d.phase END
+      FROM bk WHERE d.id = bk.id AND bk.hi > %(at)s AND bk.lo < %(at)s
+    RETURNING 1
 )
 SELECT d.device_class, {COUNTED_ATOM_SQL} AS counted, bk.phase,
        CASE WHEN bk.lo >= %(at)s THEN 'removed' WHEN bk.hi > %(at)s THEN 'shortened' ELSE 'kept' END,
@@ -118,24 +130,6 @@ class _GivenBack:
         quota_give_back(pool_id=pool_id, tenant_id=tenant_id, amounts=self.quota, piggyback=rollups)
 
 
-# Bookings are history: the ones that started keep their past and end at `at`; later ones
-# go. One statement; its two parts touch disjoint rows (a booking starts before `at` or not).
-_END_BOOKINGS_SQL = """
-WITH removed AS (
-    DELETE FROM device_bookings WHERE allocation_id = ANY(%(allocations)s) AND lower(during) >= %(at)s
-    RETURNING 1
-)
-UPDATE device_bookings SET during = tstzrange(lower(during), %(at)s, '[)'),
-       phase = CASE WHEN %(at)s <= compute_now() THEN 2 ELSE phase END
- WHERE allocation_id = ANY(%(allocations)s) AND upper(during) > %(at)s AND lower(during) < %(at)s
-"""
-
-
-def _end_bookings(cursor: Any, *, allocation_ids: list[str], at: datetime) -> None:
-    """Later bookings deleted, running ones cut to end at `at`."""
-    cursor.execute(_END_BOOKINGS_SQL, {"at": at, "allocations": allocation_ids})
-
-
 def reservation_cut(
     *,
     reservation_id: str,
@@ -171,7 +165,6 @@ def reservation_cut(
         allocation_ids = [row[0] for row in allocations]
         cursor.execute(_CUT_COUNT_SQL, {"allocations": allocation_ids, "at": at})
         given.count_bookings(cursor.fetchall())
-        _end_bookings(cursor, allocation_ids=allocation_ids, at=at)
         if pool_id is None or tenant_id is None:
             cursor.execute(
                 "SELECT pool_id, tenant_id FROM reservations_reservation WHERE id = %s", [reservation_id]

@@ -380,7 +380,7 @@ def test_a_create_delivered_before_the_release_news_reaches_the_node_is_accepted
         node_cordon(node=node, reason="test", actor="test")
     first = _one_gpu_reservation(fleet, "first")
     late: list[str] = []
-    monkeypatch.setattr(sending, "daemon_shorten", lambda *, reservation_id: late.append(reservation_id))
+    monkeypatch.setattr(sending, "daemon_shorten", lambda *, reservation_id, **_: late.append(reservation_id))
     reservation_release(reservation=first, actor="test")
     monkeypatch.undo()
     assert late == [first.pk]  # the node has not heard of the release yet
