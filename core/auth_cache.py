@@ -112,16 +112,21 @@ class _Memory:
         )
 
     def _run(self) -> None:
+        failures = 0
         while True:
             try:
                 with psycopg.connect(self._conninfo(), autocommit=True) as conn:
                     conn.execute(f"LISTEN {AUTH_CHANNEL}")
                     self.forget()  # whatever changed while nobody listened
                     self._listening.set()
+                    failures = 0
                     for _ in conn.notifies():
                         self.forget()
             except Exception as exc:  # any failure only turns the memory off
-                logger.warning("the auth cache's listener lost its connection (%s); remembering nothing", exc)
+                # Said once per outage, not once per retry.
+                log = logger.warning if failures == 0 else logger.debug
+                log("the auth cache's listener lost its connection (%s); remembering nothing", exc)
+                failures += 1
             self._listening.clear()
             self.forget()
             time.sleep(RETRY_SECONDS)

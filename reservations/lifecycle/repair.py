@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,7 +52,7 @@ from typing import Any
 
 from django.db import OperationalError, connection, transaction
 
-from core.constants import DEADLOCK_DETECTED
+from core.constants import DEADLOCK_DETECTED, WORKER_CHANNEL
 from core.errors import InvalidInput
 from core.services import audit_record
 from inventory.models import Pool
@@ -67,6 +68,7 @@ from inventory.schedulability import (
 from inventory.services.resources import node_resources_give_back
 from reservations.maintenance.windows import IN_WINDOW_RESERVATIONS_SQL, reservation_windows
 from reservations.models import Binding, Reservation
+from reservations.nodes.changes import REPAIR_WAKE
 from reservations.placer.commit import MAX_REPLANS, Placement, placement_deltas, plan_commit
 from reservations.placer.filters import Window
 from reservations.placer.plan import placement_plan
@@ -120,9 +122,10 @@ on_bad AS MATERIALIZED (
       JOIN reservations_reservation r ON r.id = x.id
      WHERE r.state IN ('scheduled', 'active')
 )
-SELECT id FROM on_bad WHERE NOT marked AND id > %(after)s
-UNION
-SELECT r.id FROM reservations_reservation r
+SELECT id, false AS retry FROM on_bad WHERE NOT marked AND id > %(after)s
+UNION ALL
+SELECT r.id, r.state IN ('scheduled', 'active') AND EXISTS (SELECT 1 FROM on_bad o WHERE o.id = r.id)
+  FROM reservations_reservation r
  WHERE r.at_risk_since IS NOT NULL AND r.id > %(after)s
    AND (r.state NOT IN ('scheduled', 'active')
         OR (r.starts_at > compute_now() AND r.binding = 'hold'
@@ -485,33 +488,80 @@ def reservation_repair(*, reservation_id: str) -> Outcome:
         return Outcome("repaired", reason)
 
 
+def _candidates(*, after: str, limit: int) -> list[tuple[str, bool]]:
+    """(id, whether it is a retried move) of the reservations a sweep looks at: see `_CANDIDATES_SQL`."""
+    return [(row[0], bool(row[1])) for row in _rows(_CANDIDATES_SQL, {"after": after, "limit": limit})]
+
+
 def repair_candidates(*, after: str, limit: int) -> list[str]:
     """The reservations a sweep looks at, by id after `after`: see `_CANDIDATES_SQL`."""
-    return [row[0] for row in _rows(_CANDIDATES_SQL, {"after": after, "limit": limit})]
+    return [reservation_id for reservation_id, _ in _candidates(after=after, limit=limit)]
 
 
-def bookings_repair(*, limit: int = 200) -> int:
+@dataclass
+class _Rotation:
+    """Where the last sweep's retried moves stopped: the next one starts after it, so none starves."""
+
+    last: str = ""
+
+
+_ROTATION = _Rotation()
+
+
+def _repair_one(reservation_id: str) -> bool:
+    """One reservation's repair; whether it changed. A lost deadlock is left for the next run."""
+    try:
+        outcome = reservation_repair(reservation_id=reservation_id)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
+            raise
+        logger.warning("repair of %s lost a deadlock; the next run retries it", reservation_id)
+        return False
+    if outcome.action is not None:
+        logger.info("reservation %s %s: %s", reservation_id, outcome.action, outcome.reason)
+        return True
+    return False
+
+
+def bookings_repair(*, limit: int = 200, retry_seconds: float | None = None) -> int:
     """Re-place or mark at risk the reservations whose bookings sit on unschedulable atoms.
 
     Returns how many reservations changed (moved, newly marked or with a new
-    reason, cleared). Every candidate is looked at once per call, `limit` per
-    page; a reservation whose transaction loses a deadlock is left for the next run.
+    reason, cleared). Every new problem and every mark to clear is looked at
+    once per call, `limit` per page. Moves retried for reservations already
+    marked (their pool gave capacity back since their last attempt) take at
+    most `retry_seconds` (`CAPACITY_REPAIR_RETRY_SECONDS`) per call, starting
+    after where the last call stopped; when some are left, the worker is asked
+    to run again at once (its own one-second rerun bound paces it), so a busy
+    fleet's thousands of at-risk reservations are retried in slices, not in one
+    pass that never rests. A reservation whose transaction loses a deadlock is
+    left for the next run.
     """
+    from django.conf import settings
+
+    budget = retry_seconds if retry_seconds is not None else settings.CAPACITY_REPAIR_RETRY_SECONDS
+    started = time.monotonic()
     changed = 0
+    retries: list[str] = []
     after = ""
     while True:
-        page = repair_candidates(after=after, limit=limit)
-        for reservation_id in page:
-            try:
-                outcome = reservation_repair(reservation_id=reservation_id)
-            except OperationalError as exc:
-                if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
-                    raise
-                logger.warning("repair of %s lost a deadlock; the next run retries it", reservation_id)
-                continue
-            if outcome.action is not None:
+        page = _candidates(after=after, limit=limit)
+        for reservation_id, retry in page:
+            if retry:
+                retries.append(reservation_id)
+            elif _repair_one(reservation_id):
                 changed += 1
-                logger.info("reservation %s %s: %s", reservation_id, outcome.action, outcome.reason)
         if len(page) < limit:
-            return changed
-        after = page[-1]
+            break
+        after = page[-1][0]
+    retries.sort(key=lambda reservation_id: (reservation_id <= _ROTATION.last, reservation_id))
+    for index, reservation_id in enumerate(retries):
+        if time.monotonic() - started > budget:
+            logger.info("repair retried %d moves, %d left for the next run", index, len(retries) - index)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [WORKER_CHANNEL, REPAIR_WAKE])
+            break
+        if _repair_one(reservation_id):
+            changed += 1
+        _ROTATION.last = reservation_id
+    return changed

@@ -401,3 +401,28 @@ def test_a_pass_after_which_nothing_was_given_back_tries_no_at_risk_move_and_a_r
     assert attempts == [later["id"]]
     moved = get(owner_client, "acme", later["id"])
     assert moved["atRisk"] is None and [a["nodeId"] for a in moved["allocations"]] == [other]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retried_moves_beyond_the_runs_budget_wait_for_the_next_run_which_is_asked_for_at_once(
+    owner_client: APIClient, owner_tenant: Tenant, owned_pool: Pool
+) -> None:
+    from core.constants import WORKER_CHANNEL
+    from tests.support.notifications import listening
+
+    first, second = make_node(owned_pool, hostname="b-0"), make_node(owned_pool, hostname="b-1")
+    rollup_rebuild(pool_id=owned_pool.id)
+    later = create(owner_client, reservation_body(owned_pool, "acme", "later", gpus=8, start=later_ms(2)))
+    (node,) = nodes_of(later["id"])
+    other = second.pk if node == first.pk else first.pk
+    blocker = create(owner_client, reservation_body(owned_pool, "acme", "blocker", gpus=8, duration="4h"))
+    node_cordon(node=Node.objects.get(pk=node), reason="xid 79", actor="test")
+    bookings_repair()
+    operate(owner_client, "reservations/release", {"tenantId": "acme", "reservationId": blocker["id"]})
+    with listening(WORKER_CHANNEL) as worker:
+        # No time for retries in this run: nothing moves, and the worker is asked to run again.
+        assert bookings_repair(retry_seconds=0) == 0
+        assert worker.next() == "repair"
+    assert get(owner_client, "acme", later["id"])["atRisk"] is not None
+    assert bookings_repair() == 1
+    assert [a["nodeId"] for a in get(owner_client, "acme", later["id"])["allocations"]] == [other]
