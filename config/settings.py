@@ -204,7 +204,7 @@ CAPACITY_USAGE_RECHECK_HOURS = env.int("CAPACITY_USAGE_RECHECK_HOURS", default=6
 API_WRITES_PER_MINUTE_PER_TOKEN = env.int("API_WRITES_PER_MINUTE_PER_TOKEN", default=6000)
 API_WRITES_PER_MINUTE_PER_TENANT = env.int("API_WRITES_PER_MINUTE_PER_TENANT", default=12000)
 # BookingRepair retries the moves of reservations already at risk for at most this long per
-# run (the rest in the next runs, which it asks for at once): a run stays short on a busy fleet.
+# run (the rest in later runs, one per release cooldown): a run stays short on a busy fleet.
 CAPACITY_REPAIR_RETRY_SECONDS = env.float("CAPACITY_REPAIR_RETRY_SECONDS", default=0.5)
 # A signed-in token is remembered this long per process (`core.auth_cache`), forgotten at
 # once on any revocation (NOTIFY); 0 reads it on every request.

@@ -8,9 +8,11 @@ the next job falls due, and sleeps until then (at most
 own LISTEN connection. There is no fixed poll.
 
 The notifications: `'repair'` on `WORKER_CHANNEL` (a node left the schedulable
-set) makes `bookings-repair` due at once; a `capacity_released` (capacity
-freed up, so at-risk reservations may fit now) makes it due too, but at most
-once per `RELEASE_REPAIR_SECONDS`, so a flood of releases repairs once. Any
+set, or capacity came back to one) makes `bookings-repair` due at once; a
+`capacity_released` (capacity freed up, so at-risk reservations may fit now),
+or `'repair-later'` (a run left retried moves for the next), makes it due too,
+but at most once per `RELEASE_REPAIR_SECONDS`, so a flood of releases repairs
+once. Any
 other payload on `WORKER_CHANNEL` is the ISO time of a new deadline (what a
 create or a renew sends): the loop recomputes its plan when that time is
 earlier than the wake-up it planned; an unparsable payload always recomputes.
@@ -64,6 +66,8 @@ logger = logging.getLogger(__name__)
 
 # The notification that asks for BookingRepair (a node or atom left the schedulable set).
 REPAIR_PAYLOAD = "repair"
+# BookingRepair left retries for a later run: due like a release's wake, after the cooldown.
+REPAIR_LATER_PAYLOAD = "repair-later"
 # How long the loop waits before reconnecting its LISTEN connection, or retrying a failed plan.
 RECONNECT_SECONDS = 1.0
 # A deadline is slept to a little past it, so `compute_now()` has passed it when the job looks.
@@ -448,7 +452,7 @@ class WorkerLoop:
         serves_deadlines = any(job.deadlines for job in self.jobs)
         for note in notes:
             now = time.monotonic()
-            if note.channel == RELEASE_CHANNEL or note.payload == REPAIR_PAYLOAD:
+            if note.channel == RELEASE_CHANNEL or note.payload in (REPAIR_PAYLOAD, REPAIR_LATER_PAYLOAD):
                 if not woken_jobs:
                     continue
                 # A node that left the schedulable set: repair now. Freed capacity: at-risk

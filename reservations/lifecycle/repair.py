@@ -68,7 +68,6 @@ from inventory.schedulability import (
 from inventory.services.resources import node_resources_give_back
 from reservations.maintenance.windows import IN_WINDOW_RESERVATIONS_SQL, reservation_windows
 from reservations.models import Binding, Reservation
-from reservations.nodes.changes import REPAIR_WAKE
 from reservations.placer.commit import MAX_REPLANS, Placement, placement_deltas, plan_commit
 from reservations.placer.filters import Window
 from reservations.placer.plan import placement_plan
@@ -506,6 +505,8 @@ class _Rotation:
 
 
 _ROTATION = _Rotation()
+# Asks the worker for the next run once the releases' cooldown has passed (`worker.loop`).
+REPAIR_LATER = "repair-later"
 
 
 def _repair_one(reservation_id: str) -> bool:
@@ -532,9 +533,9 @@ def bookings_repair(*, limit: int = 200, retry_seconds: float | None = None) -> 
     marked (their pool gave capacity back since their last attempt) take at
     most `retry_seconds` (`CAPACITY_REPAIR_RETRY_SECONDS`) per call, starting
     after where the last call stopped; when some are left, the worker is asked
-    to run again at once (its own one-second rerun bound paces it), so a busy
-    fleet's thousands of at-risk reservations are retried in slices, not in one
-    pass that never rests. A reservation whose transaction loses a deadlock is
+    to run again after the releases' cooldown (`'repair-later'`), so a busy
+    fleet's thousands of at-risk reservations are retried in slices, one per
+    cooldown, not in one pass that never rests. A reservation whose transaction loses a deadlock is
     left for the next run.
     """
     from django.conf import settings
@@ -559,7 +560,7 @@ def bookings_repair(*, limit: int = 200, retry_seconds: float | None = None) -> 
         if time.monotonic() - started > budget:
             logger.info("repair retried %d moves, %d left for the next run", index, len(retries) - index)
             with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [WORKER_CHANNEL, REPAIR_WAKE])
+                cursor.execute("SELECT pg_notify(%s, %s)", [WORKER_CHANNEL, REPAIR_LATER])
             break
         if _repair_one(reservation_id):
             changed += 1

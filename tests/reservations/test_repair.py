@@ -404,7 +404,7 @@ def test_a_pass_after_which_nothing_was_given_back_tries_no_at_risk_move_and_a_r
 
 
 @pytest.mark.django_db(transaction=True)
-def test_retried_moves_beyond_the_runs_budget_wait_for_the_next_run_which_is_asked_for_at_once(
+def test_retried_moves_beyond_the_runs_budget_wait_for_the_next_run_which_is_asked_for(
     owner_client: APIClient, owner_tenant: Tenant, owned_pool: Pool
 ) -> None:
     from core.constants import WORKER_CHANNEL
@@ -420,9 +420,9 @@ def test_retried_moves_beyond_the_runs_budget_wait_for_the_next_run_which_is_ask
     bookings_repair()
     operate(owner_client, "reservations/release", {"tenantId": "acme", "reservationId": blocker["id"]})
     with listening(WORKER_CHANNEL) as worker:
-        # No time for retries in this run: nothing moves, and the worker is asked to run again.
+        # No time for retries in this run: nothing moves, and the worker is asked to run again later.
         assert bookings_repair(retry_seconds=0) == 0
-        assert worker.next() == "repair"
+        assert worker.next() == "repair-later"
     assert get(owner_client, "acme", later["id"])["atRisk"] is not None
     assert bookings_repair() == 1
     assert [a["nodeId"] for a in get(owner_client, "acme", later["id"])["allocations"]] == [other]

@@ -37,8 +37,12 @@ SECOND = timedelta(seconds=1)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("channel", "payload"),
-    [("worker_wake", "repair"), ("capacity_released", "pool_01jz0000000000000000000000")],
-    ids=["repair-notify", "release-notify"],
+    [
+        ("worker_wake", "repair"),
+        ("capacity_released", "pool_01jz0000000000000000000000"),
+        ("worker_wake", "repair-later"),
+    ],
+    ids=["repair-notify", "release-notify", "repair-later-notify"],
 )
 def test_a_repair_or_release_notify_wakes_a_sleeping_loop_to_run_bookingrepair(
     settings: Any, channel: str, payload: str
