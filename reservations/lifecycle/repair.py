@@ -524,7 +524,13 @@ def _repair_one(reservation_id: str) -> bool:
     return False
 
 
-def bookings_repair(*, limit: int = 200, retry_seconds: float | None = None) -> int:
+# Candidates per page. The page's query finds the uncounted atoms and their bookings afresh,
+# so it is large: at 10,000 nodes with 6,000 marked reservations, pages of 200 cost 30 queries
+# (about 9 s) for one run.
+CANDIDATES_PAGE = 10_000
+
+
+def bookings_repair(*, limit: int = CANDIDATES_PAGE, retry_seconds: float | None = None) -> int:
     """Re-place or mark at risk the reservations whose bookings sit on unschedulable atoms.
 
     Returns how many reservations changed (moved, newly marked or with a new
