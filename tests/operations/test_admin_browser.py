@@ -14,9 +14,10 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.db.backends.postgresql.psycopg_any import DateTimeTZRange
 from django.utils import timezone
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from inventory.models import Device, Node, Pool
@@ -88,7 +89,25 @@ def follow(browser: WebDriver, by: str, value: str) -> None:
     """
     page = browser.find_element(By.TAG_NAME, "html")
     browser.find_element(by, value).click()
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
+    WebDriverWait(browser, 10).until(lambda _: _left(page))
+
+
+def _left(page: WebElement) -> bool:
+    """`staleness_of`, for every way ChromeDriver says the element's document is gone.
+
+    Besides `StaleElementReferenceException`, some ChromeDriver builds answer an
+    element of a document being replaced with "Node with given id does not belong to
+    the document" (an unknown error).
+    """
+    try:
+        page.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
+    return False
 
 
 def login(browser: WebDriver, live_server: Any, username: str, password: str) -> None:
