@@ -43,7 +43,7 @@ from reservations.delivery.daemon import AllocationFailed
 from reservations.delivery.outbox import deliver_after_commit, delivery_enqueue, delivery_params, enqueue_sql
 from reservations.delivery.signals import assignment_refused
 from reservations.models import DeliveryKind, Reservation
-from reservations.placer.commit import PlacementRestart, placement_charge, placement_commit
+from reservations.placer.commit import OBSERVERS, PlacementRestart, placement_charge, placement_commit
 from reservations.placer.cut import reservation_cut
 from reservations.placer.plan import placement_window
 from reservations.request.parse import canonical_request_digest
@@ -162,6 +162,9 @@ def _create(*, request: ReservationRequest, digest: str, actor: str, pool: Pool)
         return _create_once(request=request, digest=digest, actor=actor, pool=pool, careful=False)
     except PlacementRestart as restart:
         logger.info("create restarted, careful: %s", restart)
+        # A replan, for who counts them (the metrics); its second placement is observed too.
+        for observer in list(OBSERVERS):
+            observer("replan", 0.0)
         return _create_once(request=request, digest=digest, actor=actor, pool=pool, careful=True)
 
 

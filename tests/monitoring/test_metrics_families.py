@@ -241,6 +241,7 @@ def test_a_lost_race_is_a_replan(owned_pool: Pool) -> None:
         - value(before, "better_compute_placement_replans_total")
         >= 1
     )
+    # One placement per create, and one more for a create that lost after writing and restarted.
     name = "better_compute_placement_duration_seconds_count"
-    assert value(after, name) - value(before, name) == 2
+    assert 2 <= value(after, name) - value(before, name) <= 3
     assert one_gpu.devices.count() == 1
