@@ -43,8 +43,9 @@ from reservations.delivery.daemon import AllocationFailed
 from reservations.delivery.outbox import deliver_after_commit, delivery_enqueue, delivery_params, enqueue_sql
 from reservations.delivery.signals import assignment_refused
 from reservations.models import DeliveryKind, Reservation
-from reservations.placer.commit import OBSERVERS, PlacementRestart, placement_charge, placement_commit
+from reservations.placer.commit import OBSERVERS, placement_charge, placement_commit
 from reservations.placer.cut import reservation_cut
+from reservations.placer.option import PlacementRestart
 from reservations.placer.plan import placement_window
 from reservations.request.parse import canonical_request_digest
 from reservations.request.resolve import reservation_request_check

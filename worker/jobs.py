@@ -34,7 +34,7 @@ from django.conf import settings
 from capacity.services import usage_close_due
 from core import ratelimit
 from reservations.delivery import outbox
-from reservations.lifecycle import phases, repair
+from reservations.lifecycle import phases, repair_sweep
 from reservations.lifecycle.deadlines import lease_expire_due, reservation_settle_ended
 from reservations.maintenance.toggle import maintenance_windows_advance
 from reservations.nodes import liveness
@@ -129,7 +129,7 @@ def worker_jobs(*, every: float | None = None) -> list[Job]:
         # Maintenance windows: nodes into maintenance at the start, out at the end (before
         # BookingRepair, which then sees the nodes as they are).
         _deadline_job("maintenance-windows", maintenance_windows_advance, "maintenance_switch"),
-        _sweep("bookings-repair", _without_progress(repair.bookings_repair), every=every, on_wake=True),
+        _sweep("bookings-repair", _without_progress(repair_sweep.bookings_repair), every=every, on_wake=True),
         _deadline_job("outbox-deliver", outbox.outbox_deliver_due, "delivery"),
         # The one-off `rebuild_rollups` takes the same lock: one rebuild at a time.
         _sweep(

@@ -1,26 +1,9 @@
 """The commit: turn a plan into allocations and bookings, inside the request's transaction.
 
-Per option of the shortlist (inside a savepoint, a nested `atomic()`, when the
-option displaces spot bookings or the create is on its careful second run;
-otherwise without one, every member locked before anything is written, and a
-race lost after writing restarts the create: `PlacementRestart`):
-
-1. for each member, lock the node `FOR SHARE OF n` under the schedulability
-   predicate, then the chosen atoms `FOR SHARE` where healthy and bookable
-   (guard 4);
-2. in displace mode, decide the window: the displaced one (the spot notice's
-   end) only when a spot booking on the option's atoms stands in the plain
-   window, and then give notice to the spot reservations booked in it; an
-   option that displaces nothing is booked for the plain window;
-3. for each member, insert the allocation, then every booking in ONE
-   `INSERT ... SELECT ... ON CONFLICT DO NOTHING` (guard 1: the exclusion
-   constraint decides), then claim the scalars with the guarded `UPDATE`
-   (guard 3).
-
-Any short row count means a concurrent transaction got there first: the
-savepoint rolls back and the next option is tried; when the shortlist is
-spent the placer replans a bounded number of times, then answers `NoCapacity`.
-Nothing here raises on a lost race, so the request's transaction survives it.
+The shortlist's options are tried in order (`reservations.placer.option`:
+all members or none, each guarded); when every one lost its race, the placer
+replans a bounded number of times, then answers `NoCapacity`. A regular
+request that fits nowhere is planned once more in displace mode.
 
 The quota charge (guard 5) and the rollup deltas run in the same transaction
 (`placement_charge`). Ending bookings is `reservations.placer.cut`'s, and the
@@ -29,28 +12,22 @@ notice a displacing option gives spot reservations `reservations.placer.notice`'
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from django.db import OperationalError, connection, transaction
-
-from core.constants import DEADLOCK_DETECTED
 from core.errors import NoCapacity
 from inventory.choices import SCALAR_RESOURCES
 from inventory.models import Pool
-from inventory.schedulability import schedulable_sql
-from inventory.services.resources import node_resources_claim
 from ledger.services.quota import quota_charge
 from reservations.models import Allocation, Reservation
 from reservations.placer.filters import Window
-from reservations.placer.notice import spot_notice
-from reservations.placer.plan import Member, Option, Plan, placement_plan
+from reservations.placer.option import try_option
+from reservations.placer.plan import Member, Plan, placement_plan
 from reservations.request.types import ReservationRequest
 from reservations.rollups.deltas import rollup_deltas_piggyback
 from reservations.selectors import holdings_peaks
@@ -60,24 +37,10 @@ logger = logging.getLogger(__name__)
 # How many times a spent shortlist is replanned before NoCapacity.
 MAX_REPLANS = 3
 
-# Test seams: called with (point, node_id) at known points of a member's
-# commit, so tests can hold a placement open while another transaction acts.
-# Points: "before_node_lock", "after_locks".
-HOOKS: list[Callable[[str, str], None]] = []
 # Told of each placement, as (event, seconds): ("placement", its time) once per create, fitted or
 # not, and ("replan", 0.0) per spent shortlist planned again. The metrics listen (operations.metrics),
 # so the placer knows nothing of who counts.
 OBSERVERS: list[Callable[[str, float], None]] = []
-
-_LOCK_NOT_AVAILABLE = "55P03"
-
-
-class _LostRace(Exception):
-    """A guarded statement returned fewer rows: roll back the savepoint and move on."""
-
-
-class _Taken(_LostRace):
-    """The option's atoms were all taken by concurrent placements, seen before anything was written."""
 
 
 @dataclass
@@ -89,322 +52,6 @@ class Placement:
     displaced_reservations: list[str]
 
 
-def _hook(point: str, node_id: str) -> None:
-    for hook in list(HOOKS):
-        hook(point, node_id)
-
-
-# Guard 4. A cordon, taint, maintenance, liveness or trust write UPDATEs this
-# row. If it committed first, this statement waits for it and re-checks the
-# predicate on the new row version (0 rows); if this lock is taken first,
-# the writer waits until the placement commits. Either way the second sees
-# the first, so no booking is made on a node that was just made unschedulable.
-_LOCK_NODE_SQL = (
-    "SELECT n.id FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id"
-    " WHERE n.id = %s AND n.pool_id = %s AND p.archived_at IS NULL"
-    f" AND {schedulable_sql('n', 'p.owner_id')} FOR SHARE OF n"
-)
-
-
-def _lock_node(*, node_id: str, pool_id: str) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(_LOCK_NODE_SQL, [node_id, pool_id])
-        return cursor.fetchone() is not None
-
-
-def _lock_atoms(*, node_id: str, device_ids: list[int]) -> bool:
-    # Guard 4 for devices: a health flip, a quarantine or a report that makes a
-    # device unbookable UPDATEs the device row, so it serializes with this lock
-    # exactly as the node's does. Ordered by id so concurrent lockers agree.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id FROM inventory_device WHERE id = ANY(%s) AND node_id = %s AND healthy AND bookable"
-            " ORDER BY id FOR SHARE",
-            [device_ids, node_id],
-        )
-        return len(cursor.fetchall()) == len(device_ids)
-
-
-# The allocation and every booking of a member in one statement. Guard 1: no conflict
-# target, so DO NOTHING honours the exclusion constraint, and an atom booked by a
-# concurrent commit yields a short count instead of an error that would abort the
-# request's transaction. (The bookings' foreign key to the allocation is checked at
-# commit; the row is there by then, or both are rolled back.)
-_BOOK_SQL = """
-WITH allocation AS (
-    INSERT INTO reservations_allocation
-           (id, reservation_id, node_id, resources, placement, released, created_at)
-    VALUES (%(allocation)s, %(reservation)s, %(node)s, %(resources)s::jsonb, NULL, false, DEFAULT)
-    RETURNING created_at
-), booked AS (
-    INSERT INTO device_bookings (device_id, allocation_id, purpose, during)
-    SELECT d.id, %(allocation)s, 'allocation', tstzrange(%(start)s, %(end)s, '[)')
-      FROM unnest(%(devices)s::bigint[]) AS d(id) ORDER BY d.id
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-)
-SELECT (SELECT created_at FROM allocation), (SELECT count(*) FROM booked)
-"""
-
-
-def _insert_bookings(*, allocation: Allocation, device_ids: list[int], window: Window) -> bool:
-    """Insert the allocation and its bookings; False when a booking lost to a concurrent one (guard 1)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _BOOK_SQL,
-            {
-                "allocation": allocation.id,
-                "reservation": allocation.reservation_id,
-                "node": allocation.node_id,
-                "resources": json.dumps(allocation.resources),
-                "start": window.start,
-                "end": window.end,
-                "devices": device_ids,
-            },
-        )
-        row = cursor.fetchone()
-    assert row is not None
-    allocation.created_at = row[0]
-    allocation._state.adding = False
-    return int(row[1]) == len(device_ids)
-
-
-def _spot_in_the_way(*, device_ids: list[int], window: Window, displaced: Window) -> tuple[bool, list[str]]:
-    """Whether a spot booking on these atoms stands in the plain window, and the spot reservations to cut.
-
-    One statement over both windows (the displaced one starts and ends no
-    earlier than the plain one). A spot booking overlapping the plain window
-    is why the request cannot have it: the option then takes the displaced
-    window, and every spot reservation booked in that window gets a notice.
-    With none in the plain window, nothing is displaced and the option takes
-    the plain window: the atoms are simply free.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT r.id, bool_or(b.during && tstzrange(%s, %s, '[)')),"
-            " bool_or(b.during && tstzrange(%s, %s, '[)'))"
-            " FROM device_bookings b"
-            " JOIN reservations_allocation a ON a.id = b.allocation_id"
-            " JOIN reservations_reservation r ON r.id = a.reservation_id"
-            " WHERE b.device_id = ANY(%s) AND b.during && tstzrange(%s, %s, '[)') AND r.spot"
-            " GROUP BY r.id ORDER BY r.id",
-            [
-                window.start,
-                window.end,
-                displaced.start,
-                displaced.end,
-                device_ids,
-                window.start,
-                max(window.end, displaced.end),
-            ],
-        )
-        rows = cursor.fetchall()
-    in_the_way = any(in_plain for _, in_plain, _ in rows)
-    return in_the_way, [reservation_id for reservation_id, _, in_displaced in rows if in_displaced]
-
-
-def _lock_one_of(*, node_id: str, candidates: list[int], window: Window) -> int | None:
-    # Guard 4 for a one-atom member, and a claim: the first of the planned atom
-    # and its alternates that is healthy, bookable, free for the window as of
-    # now (not as of the plan's snapshot: a placement that committed since has
-    # booked it) and not held by another placement right now. `FOR NO KEY
-    # UPDATE SKIP LOCKED` passes over an atom a concurrent placement holds (it
-    # conflicts with that one's lock) instead of booking it too and losing at
-    # the exclusion constraint after its commit. Guard 1 still decides.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT d.id FROM inventory_device d WHERE d.id = ANY(%(ids)s) AND d.node_id = %(node)s"
-            " AND d.healthy AND d.bookable AND NOT EXISTS (SELECT 1 FROM device_bookings b"
-            " WHERE b.device_id = d.id AND COALESCE(upper(b.during), 'infinity'::timestamptz) > %(start)s"
-            " AND lower(b.during) < %(end)s)"
-            " ORDER BY array_position(%(ids)s, d.id) LIMIT 1 FOR NO KEY UPDATE OF d SKIP LOCKED",
-            {"ids": candidates, "node": node_id, "start": window.start, "end": window.end},
-        )
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
-
-
-def _lock_member(*, request: ReservationRequest, member: Member, window: Window, claim: bool) -> Member:
-    """Guard 4 for one member: its node, then its atoms; the member as locked, or `_LostRace`.
-
-    With `claim`, a one-atom member takes the first of its planned atom and its
-    alternates that no concurrent placement holds or has booked since the plan
-    (`_lock_one_of`), and when there is none the option is passed over
-    (`_Taken`) before anything is written.
-    """
-    _hook("before_node_lock", member.node_id)
-    if not _lock_node(node_id=member.node_id, pool_id=request.pool_id):
-        raise _LostRace("node no longer schedulable")
-    if claim and len(member.device_ids) == 1 and not member.displaced:
-        planned = [(member.device_ids[0], member.atoms[0]), *member.alternates]
-        taken = _lock_one_of(
-            node_id=member.node_id, candidates=[device_id for device_id, _ in planned], window=window
-        )
-        if taken is None:
-            raise _Taken("every free atom of the node is booked or held by another placement")
-        uid = dict(planned)[taken]
-        member = replace(member, device_ids=(taken,), atoms=(uid,), alternates=())
-    elif not _lock_atoms(node_id=member.node_id, device_ids=sorted(member.device_ids)):
-        raise _LostRace("atoms no longer healthy and bookable")
-    _hook("after_locks", member.node_id)
-    return member
-
-
-def _book_member(
-    *, reservation: Reservation, request: ReservationRequest, member: Member, window: Window
-) -> Allocation:
-    """The allocation, its bookings (guard 1) and its scalar claims (guard 3); a lost race raises."""
-    claims = {name: amount for name, amount in sorted(request.resources.items()) if amount > 0}
-    allocation = Allocation(reservation=reservation, node_id=member.node_id, resources=claims)
-    if not _insert_bookings(allocation=allocation, device_ids=sorted(member.device_ids), window=window):
-        raise _LostRace("atoms booked concurrently")
-    if not node_resources_claim(node_id=member.node_id, resources=claims):
-        raise _LostRace("scalars claimed concurrently")
-    return allocation
-
-
-class PlacementRestart(Exception):
-    """The savepoint-free commit lost a race after it wrote (or PostgreSQL broke a lock cycle).
-
-    The request's transaction cannot undo that piece alone: the create rolls
-    back whole and runs again with `careful` set (`reservations.services`).
-    """
-
-
-_Booked = tuple[list[tuple[Allocation, Member]], list[str], Window]
-
-
-def _try_option(
-    *,
-    reservation: Reservation,
-    request: ReservationRequest,
-    option: Option,
-    window: Window,
-    displaced: Window | None,
-    careful: bool,
-) -> _Booked | None:
-    """All members or none. The usual option is tried without a savepoint (`_try_option_direct`).
-
-    A displacing option gives spot reservations notice before it books, and a
-    `careful` commit (the second run of a create that had to restart) may not
-    restart again: both keep the savepoint around the whole option.
-    """
-    if displaced is not None or careful:
-        return _try_option_in_savepoint(
-            reservation=reservation, request=request, option=option, window=window, displaced=displaced
-        )
-    return _try_option_direct(reservation=reservation, request=request, option=option, window=window)
-
-
-def _try_option_direct(
-    *, reservation: Reservation, request: ReservationRequest, option: Option, window: Window
-) -> _Booked | None:
-    """Every member locked first, then booked: no savepoint (two statements fewer per create).
-
-    A race lost while locking wrote nothing, so the next option is tried in
-    the same transaction (the locks taken stay until it ends; they are shares
-    on rows a writer waits a moment for). A race lost once the allocation is
-    written, rare because the claim's check is as of now, and a broken lock
-    cycle raise `PlacementRestart`.
-    """
-    try:
-        members = [
-            _lock_member(request=request, member=member, window=window, claim=True)
-            for member in option.members
-        ]
-    except _Taken as passed_over:
-        logger.info("placement passed over option %s: %s", option.members[0].node_id, passed_over)
-        return None
-    except _LostRace as lost:
-        logger.info("placement lost a race on option %s: %s", option.members[0].node_id, lost)
-        return None
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) in (DEADLOCK_DETECTED, _LOCK_NOT_AVAILABLE):
-            raise PlacementRestart(str(exc)) from exc
-        raise
-    try:
-        booked = [
-            (_book_member(reservation=reservation, request=request, member=member, window=window), member)
-            for member in members
-        ]
-    except _LostRace as lost:
-        logger.info("placement lost a race on option %s after writing: %s", option.members[0].node_id, lost)
-        raise PlacementRestart(str(lost)) from lost
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) in (DEADLOCK_DETECTED, _LOCK_NOT_AVAILABLE):
-            raise PlacementRestart(str(exc)) from exc
-        raise
-    return booked, [], window
-
-
-def _try_option_in_savepoint(
-    *,
-    reservation: Reservation,
-    request: ReservationRequest,
-    option: Option,
-    window: Window,
-    displaced: Window | None,
-) -> _Booked | None:
-    """All members or none: one savepoint around the whole option (a gang rolls back whole).
-
-    `displaced` is the displace-mode window. It is taken only when a spot
-    booking on the option's atoms stands in the plain `window` (and the spot
-    reservations booked in it get their notice); an option that displaces
-    nothing is booked for the plain window, whatever the plan expected.
-    """
-    try:
-        with transaction.atomic():
-            # A displacing option may move to a later window: it books exactly what it planned.
-            members = [
-                _lock_member(
-                    request=request,
-                    member=member,
-                    window=window,
-                    claim=displaced is None,
-                )
-                for member in option.members
-            ]
-            chosen = window
-            cut: list[str] = []
-            if displaced is not None:
-                # Not `member.displaced`: the plan's flag is as of its snapshot, and a
-                # spot already under notice ends before the displaced window, unflagged.
-                in_the_way, spots = _spot_in_the_way(
-                    device_ids=sorted(i for member in members for i in member.device_ids),
-                    window=window,
-                    displaced=displaced,
-                )
-                if in_the_way:
-                    chosen = displaced
-                    cut = [
-                        spot_id
-                        for spot_id in spots
-                        if spot_notice(reservation_id=spot_id, ends_at=displaced.start, now=displaced.now)
-                    ]
-            taken = [
-                (_book_member(reservation=reservation, request=request, member=member, window=chosen), member)
-                for member in members
-            ]
-            return taken, cut, chosen
-    except _Taken as taken:
-        # Nothing was written: the claim saw the atoms taken and moved on, as a
-        # queue consumer skips a locked job. Counted apart from lost races.
-        logger.info("placement passed over option %s: %s", option.members[0].node_id, taken)
-        return None
-    except _LostRace as lost:
-        # Counted by operators (and the benchmark) to see how often placements collide.
-        logger.info("placement lost a race on option %s: %s", option.members[0].node_id, lost)
-        return None
-    except OperationalError as exc:
-        # Two placements locking or booking the same atoms in opposite orders:
-        # PostgreSQL breaks the cycle by failing one statement; the savepoint
-        # absorbs it and this placement moves on like any other lost race.
-        if getattr(exc.__cause__, "sqlstate", None) in (DEADLOCK_DETECTED, _LOCK_NOT_AVAILABLE):
-            logger.info("placement lost a race on option %s: %s", option.members[0].node_id, exc)
-            return None
-        raise
-
-
 def plan_commit(
     *, reservation: Reservation, request: ReservationRequest, plan: Plan, window: Window, careful: bool = True
 ) -> Placement | None:
@@ -412,11 +59,11 @@ def plan_commit(
 
     `window` is the request's own (`placement_window`); a displace-mode plan's
     window is the displaced one, taken only by an option that displaces a spot
-    booking (`_try_option`).
+    booking (`reservations.placer.option.try_option`).
     """
     displaced = plan.window if plan.displace else None
     for option in plan.options:
-        taken = _try_option(
+        taken = try_option(
             reservation=reservation,
             request=request,
             option=option,

@@ -81,7 +81,7 @@ class Member:
     displaced: int = 0
     # For a member of one atom: the node's other free atoms of that class, best
     # first (device id, uid). The commit may take one of them instead when a
-    # concurrent placement holds the planned one (`commit._lock_member`).
+    # concurrent placement holds the planned one (`option._lock_member`).
     alternates: tuple[tuple[int, str], ...] = ()
 
 

@@ -11,7 +11,7 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 
 from core.services import token_issue
-from reservations.placer import commit
+from reservations.placer import option
 from tests.support.factories import DeviceFactory, NodeFactory, OfferingFactory, PoolFactory, TenantFactory
 from tests.support.races import Hooks, open_every_gate
 from tests.support.torture.fleet import Fleet, fleet_logged
@@ -27,9 +27,9 @@ def fleet(transactional_db: Any) -> Iterator[Fleet]:
 @pytest.fixture
 def hooks() -> Iterator[Hooks]:
     """The commit's hooks, empty before and after the test."""
-    commit.HOOKS.clear()
-    yield commit.HOOKS
-    commit.HOOKS.clear()
+    option.HOOKS.clear()
+    yield option.HOOKS
+    option.HOOKS.clear()
 
 
 @pytest.fixture(autouse=True)

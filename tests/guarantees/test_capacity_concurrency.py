@@ -56,7 +56,7 @@ SAMPLE_EVERY = 10
 def verify_run(fleet: Fleet, tally: Tally, sampler: Sampler, *, operations: int) -> LogSummary:
     """Every check of the brief, in an order where none disturbs the next; returns the log's summary."""
     from core.models import AuditEvent
-    from reservations.lifecycle.repair import bookings_repair
+    from reservations.lifecycle.repair_sweep import bookings_repair
 
     assert tally.total == operations, tally.counts
     assert not tally.failures, tally.failures[:10]
@@ -259,11 +259,11 @@ def test_the_commit_log_catches_a_placer_that_skips_the_node_lock(
     """Guard 4 broken on purpose: the placer no longer re-checks the node under its lock."""
     from inventory.models import Node
     from inventory.services.nodes import node_cordon
-    from reservations.placer import commit, filters
+    from reservations.placer import filters, option
 
     for node in Node.objects.filter(pk__in=fleet.node_ids):
         node_cordon(node=node, reason="test", actor="test")
-    monkeypatch.setattr(commit, "_lock_node", lambda **_: True)
+    monkeypatch.setattr(option, "_lock_node", lambda **_: True)
     # The plan reads the predicate too; make it blind as well, as a stale plan would be.
     monkeypatch.setattr(filters, "_SCHEDULABLE_SQL", "true")
     _one_gpu_reservation(fleet, "broken-guard-4")
@@ -400,7 +400,7 @@ def test_the_repair_check_catches_a_booking_left_on_a_cordoned_node_and_a_stale_
     """The new invariant broken on purpose: BookingRepair skipped, then a mark forged on a healthy one."""
     from inventory.models import Node
     from operations.services import node_cordon
-    from reservations.lifecycle.repair import bookings_repair
+    from reservations.lifecycle.repair_sweep import bookings_repair
     from reservations.models import Allocation, Reservation
     from reservations.request.parse import parse_reservation_request
     from reservations.services import reservation_create

@@ -415,7 +415,7 @@ def test_a_narrowed_agent_lists_only_its_nodes_and_wipes_none_of_the_others(worl
 def test_another_tenants_at_risk_reservation_shows_only_as_the_pools_count(world: World) -> None:
     """`atRisk` is on the tenant's own reservations; `capacity/byPool` counts the pool's, never naming one."""
     from operations.services import device_set_health
-    from reservations.lifecycle.repair import bookings_repair
+    from reservations.lifecycle.repair_sweep import bookings_repair
 
     pool = world.pools["offered"]
     rivals = _book(pool, "rival", "iso-rival-at-risk")

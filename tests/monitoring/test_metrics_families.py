@@ -19,7 +19,7 @@ from core.worker_status import HEARTBEAT_ROW, worker_job_finished
 from inventory.models import Node, Pool
 from operations.metrics import events
 from reservations.models import Delivery, Reservation, WaitSlot
-from reservations.placer import commit
+from reservations.placer import option
 from reservations.rollups.recount import rollup_rebuild
 from tests.monitoring.metrics import scrape, value
 from tests.support.api import post, post_json, reservation_body
@@ -227,12 +227,12 @@ def test_a_lost_race_is_a_replan(owned_pool: Pool) -> None:
     one_gpu = make_node(owned_pool, gpus=1)
     rollup_rebuild(pool_id=owned_pool.id)
     before = scrape()
-    commit.HOOKS.clear()
-    hold_two_placements_until_both_planned(commit.HOOKS)
+    option.HOOKS.clear()
+    hold_two_placements_until_both_planned(option.HOOKS)
     try:
         workers = workers_run([attempt(gpu_request(owned_pool, 1)) for _ in range(2)])
     finally:
-        commit.HOOKS.clear()
+        option.HOOKS.clear()
     results = sorted(type(worker.result).__name__ for worker in workers)
     assert results == ["NoCapacity", "ReservationCreated"], results
     after = scrape()

@@ -17,7 +17,7 @@ import pytest
 from core.clock import compute_now, to_millis
 from inventory.models import Pool
 from reservations.models import DeviceBooking, Reservation
-from reservations.placer import commit
+from reservations.placer import commit, option
 from reservations.placer.plan import placement_plan, placement_window
 from reservations.selectors import reservation_state
 from reservations.services import reservation_create, reservation_release
@@ -30,9 +30,9 @@ NOTICE_SECONDS = 30
 
 @pytest.fixture
 def hooks() -> Iterator[list[Callable[[str, str], None]]]:
-    commit.HOOKS.clear()
-    yield commit.HOOKS
-    commit.HOOKS.clear()
+    option.HOOKS.clear()
+    yield option.HOOKS
+    option.HOOKS.clear()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from inventory.models import Device, Node, Pool
 from inventory.services.nodes import node_cordon
 from ledger.models import QuotaUsage
 from reservations.delivery.daemon import daemon_holdings
-from reservations.lifecycle.repair import bookings_repair, repair_candidates
+from reservations.lifecycle.repair_sweep import bookings_repair, repair_candidates
 from reservations.models import ROLLUP_COUNTS, Allocation, DeviceBooking, PoolCapacityRollup, Reservation
 from reservations.rollups.recount import rollup_rebuild
 from tests.support.api import post_json, reservation_body

@@ -18,7 +18,7 @@ import pytest
 
 from inventory.models import Pool
 from reservations.models import DeviceBooking
-from reservations.placer import commit
+from reservations.placer import option as placer_option
 from reservations.placer import plan as plan_module
 from reservations.placer.plan import Plan, placement_plan, placement_window
 from reservations.request.types import ReservationRequest
@@ -113,7 +113,7 @@ class LostRaces(logging.Handler):
 
 @pytest.fixture
 def lost_races() -> Iterator[LostRaces]:
-    logger = logging.getLogger(commit.__name__)
+    logger = logging.getLogger("reservations.placer")  # the options' lost races and the commit's replans
     handler, level = LostRaces(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -165,7 +165,7 @@ def test_a_one_atom_placement_takes_another_free_atom_when_a_concurrent_one_hold
             reached.set()
             assert go_on.wait(JOIN_SECONDS)
 
-    commit.HOOKS.append(hold_the_first)
+    placer_option.HOOKS.append(hold_the_first)
     try:
         first = Worker(lambda: reservation_create(request=gpu_request(owned_pool, 1), actor="test"))
         first.start()
@@ -177,7 +177,7 @@ def test_a_one_atom_placement_takes_another_free_atom_when_a_concurrent_one_hold
         first_result = first.finish()
     finally:
         go_on.set()
-        commit.HOOKS.remove(hold_the_first)
+        placer_option.HOOKS.remove(hold_the_first)
     assert first.error is None, first.error
     ids = [created.reservation.id for created in (first_result, second)]
     bookings = DeviceBooking.objects.filter(allocation__reservation_id__in=ids)

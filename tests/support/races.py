@@ -1,7 +1,7 @@
 """The guards' races made deterministic: commit hooks that hold a placement, gates, the statement a
 lock wait is in, and the nodes and requests the races are fought over.
 
-Interleavings use the commit's hooks (`reservations.placer.commit.HOOKS`, installed by the
+Interleavings use the commit's hooks (`reservations.placer.option.HOOKS`, installed by the
 `hooks` fixture) and events: a placement is held open at a known point while another transaction
 acts, and a transaction that must be waiting on a row lock is observed in `pg_stat_activity`
 before the test moves on.

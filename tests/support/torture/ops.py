@@ -245,7 +245,7 @@ def window_run_http(op: Op, *, base_url: str, operator: str) -> str:
 
 def repair_run() -> str:
     """BookingRepair, as the worker runs it after a node change or a release."""
-    from reservations.lifecycle.repair import bookings_repair
+    from reservations.lifecycle.repair_sweep import bookings_repair
 
     bookings_repair()
     return "repaired"

@@ -46,7 +46,7 @@ def _restart(pgdata: Path) -> None:
 def _recover_and_check(tally: Tally, fleet: Fleet) -> tuple[int, list[str]]:
     """After the run: what the worker does after a restart, then every invariant; (redelivered, problems)."""
     from reservations.delivery.sending import reservations_redeliver
-    from reservations.lifecycle.repair import bookings_repair
+    from reservations.lifecycle.repair_sweep import bookings_repair
     from reservations.models import Reservation
     from tests.support.torture.checks import check_rollups_match_rebuild, invariant_problems
     from tests.support.torture.fleet import fleet_restore
