@@ -61,6 +61,18 @@ READ_MAX = 2
 BY_POOL_MAX = READ_MAX + 1
 
 
+@pytest.fixture(autouse=True)
+def remembered_long_enough(settings: Any) -> None:
+    """A token read a moment ago stays remembered for the measured request.
+
+    The budgets count a request made just after the one that read its token;
+    on a loaded machine that moment can pass the second a token is kept by
+    default, and the count then includes the look-up it is meant to leave out.
+    Any change to tokens or bindings still forgets it at once.
+    """
+    settings.AUTH_CACHE_SECONDS = 60
+
+
 @pytest.fixture
 def scalar_node(gpu_node: Node) -> Node:
     """`gpu_node` with scalar resources, so a create claims several scalars at once."""
