@@ -37,6 +37,7 @@ from django.dispatch import receiver
 
 from core.constants import DEADLOCK_DETECTED, WORKER_CHANNEL
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
+from core.ratelimit import WriteCount
 from core.services import audit_params, audit_sql
 from inventory.models import Pool
 from reservations.delivery.daemon import AllocationFailed
@@ -293,19 +294,26 @@ def reservation_create(
 
 
 def reservation_release(
-    *, reservation: Reservation, actor: str, reason: str = "", tenant_id: str | None = None
+    *,
+    reservation: Reservation,
+    actor: str,
+    reason: str = "",
+    tenant_id: str | None = None,
+    rate: WriteCount | None = None,
 ) -> Reservation:
     """End the reservation now: running bookings end at `compute_now()`, future ones are deleted.
 
     Scalars, quota and rollup counts are given back once; releasing twice is
     harmless. With `tenant_id`, another tenant's reservation is NOT_FOUND
     (only `reservation.pk` is read, so the API passes an unsaved stub).
+    `rate`: the API's write count, made in the release's last statement
+    (`core.ratelimit.write_counted`); past a limit, the release rolls back.
     """
     attempts = 1 if connection.in_atomic_block else RELEASE_ATTEMPTS
     for attempt in range(attempts):
         try:
             return _release_once(
-                reservation_id=reservation.pk, actor=actor, reason=reason, tenant_id=tenant_id
+                reservation_id=reservation.pk, actor=actor, reason=reason, tenant_id=tenant_id, rate=rate
             )
         except OperationalError as exc:
             # A gang placement can hold one node's scalar row while it waits for
@@ -316,8 +324,12 @@ def reservation_release(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-_RELEASE_SQL = f"""
-WITH released AS (
+def _release_sql(*, counted: bool) -> str:
+    """The release's last statement; `counted`: with the write's rate count (`core.ratelimit.WriteCount`)."""
+    rate_cte = f"{WriteCount.cte}, " if counted else ""
+    rate_column = f",\n       {WriteCount.column}" if counted else ""
+    return f"""
+WITH {rate_cte}released AS (
     UPDATE reservations_reservation
        SET state = 'released', released_at = %(released_at)s, release_reason = %(reason)s
      WHERE id = %(id)s
@@ -329,14 +341,22 @@ WITH released AS (
 )
 SELECT pg_notify(%(release_channel)s, released.pool_id),
        pg_notify(%(worker_channel)s, to_json(delivery.next_attempt_at) #>> '{{}}'),
-       {allocations_json_sql("released.id")}
+       {allocations_json_sql("released.id")}{rate_column}
   FROM released, delivery, audit
 """
 
 
-def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: str | None) -> Reservation:
+_RELEASE_SQL = _release_sql(counted=False)
+_RELEASE_COUNTED_SQL = _release_sql(counted=True)
+
+
+def _release_once(
+    *, reservation_id: str, actor: str, reason: str, tenant_id: str | None, rate: WriteCount | None
+) -> Reservation:
     from reservations.selectors import reservation_lock, reservation_state
 
+    if rate is not None:
+        rate.begin()
     with transaction.atomic():
         # Serializes concurrent releases (and a spot notice) of one reservation;
         # the same query reads its derived state and the database's clock.
@@ -357,10 +377,10 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
         # One statement: the row, its "shorten" outbox row, its audit event (whoever released
         # it: a tenant through the API, an operator in the admin, the lease expiry, a node's
         # refusal) and the notifications sent at commit (creates waiting on this pool; the
-        # worker, of the delivery's retry).
+        # worker, of the delivery's retry), and the API's write count.
         with connection.cursor() as cursor:
             cursor.execute(
-                _RELEASE_SQL,
+                _RELEASE_SQL if rate is None else _RELEASE_COUNTED_SQL,
                 {
                     "id": locked.pk,
                     "released_at": now,
@@ -373,11 +393,14 @@ def _release_once(*, reservation_id: str, actor: str, reason: str, tenant_id: st
                         reason=locked.release_reason,
                         data={"tenantId": locked.tenant_id, "poolId": locked.pool_id},
                     ),
+                    **(rate.params() if rate is not None else {}),
                 },
             )
             # The answer, read in the same statement: the allocations as the cut left them.
             row = cursor.fetchone()
         assert row is not None
+        if rate is not None:
+            rate.check(row[3])  # past a limit: TooManyRequests, and the release rolls back
         locked.allocations_json = row[2]  # type: ignore[attr-defined]
         released_id = locked.pk
         deliver_after_commit(reservation_id=released_id)

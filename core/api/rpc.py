@@ -10,6 +10,7 @@ service or selector → serialize (`rpc_output`); `rpc_tenant_input` and
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from drf_spectacular.utils import OpenApiExample, extend_schema
@@ -22,7 +23,7 @@ from core.api.parsing import EscapedJSONRenderer, StrictJSONParser, check_json_b
 from core.api.schema import RpcAutoSchema, Rule, method_responses, rules_description
 from core.authentication import BearerTokenAuthentication, PrincipalRequired, principal_of
 from core.decisions import WRITE_PERMISSIONS, decide_platform, decide_tenant
-from core.ratelimit import writes_count
+from core.ratelimit import WriteCount, write_counted, writes_count
 from core.replica import replica_aware
 
 
@@ -91,12 +92,20 @@ def rpc_input(request: Request, serializer_class: type[serializers.BaseSerialize
 
 
 def rpc_tenant_input(
-    request: Request, serializer_class: type[serializers.BaseSerializer], *, permission: str
+    request: Request,
+    serializer_class: type[serializers.BaseSerializer],
+    *,
+    permission: str,
+    count_write: bool = True,
 ) -> dict[str, Any]:
-    """`rpc_input`, then the decision on the body's tenant: a method "decided on the tenant"."""
+    """`rpc_input`, then the decision on the body's tenant: a method "decided on the tenant".
+
+    A write is counted against the rate limits here, unless `count_write` is
+    False: the view then counts it in the write's own statement (`rpc_write_counted`).
+    """
     data = rpc_input(request, serializer_class)
     decide_tenant(principal=principal_of(request), tenant_id=data["tenant_id"], permission=permission)
-    if permission in WRITE_PERMISSIONS:
+    if permission in WRITE_PERMISSIONS and count_write:
         rpc_write_count(request, tenant_id=data["tenant_id"])
     return data
 
@@ -105,6 +114,11 @@ def rpc_write_count(request: Request, *, tenant_id: str) -> None:
     """Count a write against the token's and the tenant's rate limits (after the decision, so a
     refused caller spends nothing); `RATE_LIMITED` beyond them."""
     writes_count(token_id=str(request.auth.pk), tenant_id=tenant_id)
+
+
+def rpc_write_counted(request: Request, *, tenant_id: str) -> AbstractContextManager[WriteCount]:
+    """`rpc_write_count`, folded into the write's own last statement (`core.ratelimit.write_counted`)."""
+    return write_counted(token_id=str(request.auth.pk), tenant_id=tenant_id)
 
 
 def rpc_platform_input(

@@ -14,7 +14,14 @@ from typing import Any, TypeVar
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api.rpc import RpcViewSet, rpc_action, rpc_output, rpc_tenant_input, rpc_write_count
+from core.api.rpc import (
+    RpcViewSet,
+    rpc_action,
+    rpc_output,
+    rpc_tenant_input,
+    rpc_write_count,
+    rpc_write_counted,
+)
 from core.api.schema import CURSOR_RULE
 from core.authentication import actor_of, principal_of
 from core.decisions import RESERVATIONS_READ, RESERVATIONS_WRITE
@@ -133,13 +140,18 @@ class ReservationsViewSet(RpcViewSet):
         refuses=WRITE,
     )
     def release_reservation(self, request: Request) -> Response:
-        data = rpc_tenant_input(request, ReservationRefInput, permission=RESERVATIONS_WRITE)
-        # The service locks the row filtered by tenant (NOT_FOUND otherwise): no read before it.
-        reservation = reservation_release(
-            reservation=Reservation(pk=data["reservation_id"]),
-            actor=actor_of(request),
-            tenant_id=data["tenant_id"],
+        data = rpc_tenant_input(
+            request, ReservationRefInput, permission=RESERVATIONS_WRITE, count_write=False
         )
+        # The service locks the row filtered by tenant (NOT_FOUND otherwise): no read before it.
+        # The write is counted in the release's last statement.
+        with rpc_write_counted(request, tenant_id=data["tenant_id"]) as rate:
+            reservation = reservation_release(
+                reservation=Reservation(pk=data["reservation_id"]),
+                actor=actor_of(request),
+                tenant_id=data["tenant_id"],
+                rate=rate,
+            )
         if getattr(reservation, "allocations_json", None) is not None:
             # Released now: the release's own statement read the answer; nothing to read back.
             return Response(reservation_payload(reservation, state="released"))

@@ -37,6 +37,55 @@ def test_a_token_past_its_write_limit_gets_429_with_retry_after_and_nothing_is_b
     assert released.status_code == 429
 
 
+def token_writes(tenant_id: str) -> int:
+    """The writes counted this minute for the tenant (one token in these tests)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(sum(count), 0) FROM core_ratewindow WHERE key = %s", [f"tenant:{tenant_id}"]
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db
+def test_every_release_is_counted_once_whatever_it_answered_and_one_past_the_limit_changes_nothing(
+    owner_client: APIClient, owned_pool: Pool, gpu_node: Node, settings: Any
+) -> None:
+    """The release counts in its own last statement; a release that did not get there counts alone."""
+    settings.API_WRITES_PER_MINUTE_PER_TOKEN = 4
+    tenant = owned_pool.owner_id
+    assert create(owner_client, owned_pool, "r1").status_code == 201
+    first = Reservation.objects.get(idempotency_key="r1")
+
+    def release(reservation_id: str) -> Any:
+        body = {"tenantId": tenant, "reservationId": reservation_id}
+        return post(owner_client, "reservations/release", body)
+
+    assert token_writes(tenant) == 1
+    unknown = first.pk[:-1] + ("1" if first.pk[-1] == "0" else "0")
+    assert release(unknown).status_code == 404  # rolled back: counted alone
+    assert token_writes(tenant) == 2
+    assert release(first.pk).status_code == 200  # counted in the release's statement
+    assert token_writes(tenant) == 3
+    assert release(first.pk).status_code == 200  # already released: counted alone
+    assert token_writes(tenant) == 4
+    assert create(owner_client, owned_pool, "r2").status_code == 429
+    assert token_writes(tenant) == 5
+    second = Reservation.objects.filter(idempotency_key="r2")
+    assert not second.exists()
+    # Past the limit, a release of a live reservation is refused and leaves it live.
+    settings.API_WRITES_PER_MINUTE_PER_TOKEN = 6
+    assert create(owner_client, owned_pool, "r3").status_code == 201
+    live = Reservation.objects.get(idempotency_key="r3")
+    refused = release(live.pk)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "RATE_LIMITED")
+    assert 1 <= int(refused["Retry-After"]) <= 60
+    live.refresh_from_db()
+    assert live.state == "active" and live.released_at is None
+    assert token_writes(tenant) == 7  # the refused release counted once, not twice
+
+
 @pytest.mark.django_db
 def test_the_tenant_limit_counts_every_token_of_the_tenant(
     api_client_for: Any, owned_pool: Pool, gpu_node: Node, settings: Any
