@@ -30,6 +30,16 @@ HOUR_MS = 3600 * 1000
 GPUS = [gpu["uuid"] for gpu in json.loads(H100.read_text())["gpus"]]
 
 
+def deaf_to_sigterm() -> subprocess.Popen[bytes]:
+    """A process that ignores SIGTERM, returned once it does: a signal sent before its shell had
+    set the trap would end it, and a loaded machine can be that slow to start a shell."""
+    process = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"], stdout=subprocess.PIPE
+    )
+    assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+    return process
+
+
 def settings(tmp_path: Path, **overrides: Any) -> AgentSettings:
     values: dict[str, Any] = {
         "url": "http://127.0.0.1:9",
@@ -163,7 +173,7 @@ def test_the_end_sends_sigterm_then_sigkill_after_the_grace(tmp_path: Path) -> N
     now = now_ms()
     assign(agent, "rsv_t", GPUS[0:1], start=now, end=now + HOUR_MS)
     polite = subprocess.Popen(["sleep", "600"])
-    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"])
+    stubborn = deaf_to_sigterm()
     try:
         for pid in (polite.pid, stubborn.pid):
             agent.enforcer.cgroups.add("rsv_t", pid)  # type: ignore[union-attr]
@@ -190,7 +200,7 @@ def test_a_restarted_agent_takes_the_cgroups_back_and_kills_on_the_same_deadline
     first.enforcement()
     now = now_ms()
     assign(first, "rsv_r", GPUS[0:1], start=now, end=now + HOUR_MS)
-    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"])
+    stubborn = deaf_to_sigterm()
     try:
         first.enforcer.cgroups.add("rsv_r", stubborn.pid)  # type: ignore[union-attr]
         shorten(first, "rsv_r", now_ms())
@@ -342,7 +352,7 @@ def test_processes_that_survive_the_kill_hold_their_gpu_back_until_they_are_gone
     monkeypatch.setattr("better_compute_agent.enforce.KILL_WAIT_SECONDS", 0.1)
     now = now_ms()
     assign(agent, "rsv_stuck", GPUS[3:4], start=now, end=now + HOUR_MS)
-    stuck = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"])
+    stuck = deaf_to_sigterm()
     try:
         enforcer.cgroups.add("rsv_stuck", stuck.pid)
         shorten(agent, "rsv_stuck", now_ms())
