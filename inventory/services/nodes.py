@@ -22,6 +22,7 @@ from django.db.models import Func, Q
 from django.db.models.functions import Now
 
 from core.errors import InvalidInput
+from core.retry import deadlock_retried
 from core.services import audit_record
 from inventory.choices import Connectivity
 from inventory.models import Device, Node, NodeResource, Taint, TaintEffect
@@ -51,6 +52,7 @@ def _reload(node: Node) -> Node:
     return node
 
 
+@deadlock_retried
 def node_cordon(*, node: Node, reason: str, actor: str) -> Node:
     """Stop new placements on the node; its atoms belong to the `maintenance` bucket."""
     if not reason.strip():
@@ -69,6 +71,7 @@ def node_cordon(*, node: Node, reason: str, actor: str) -> Node:
     return _reload(node)
 
 
+@deadlock_retried
 def node_uncordon(*, node: Node, actor: str, reason: str = "") -> Node:
     """Let the node take new placements again (if nothing else keeps it unschedulable)."""
     with transaction.atomic():
@@ -80,6 +83,7 @@ def node_uncordon(*, node: Node, actor: str, reason: str = "") -> Node:
     return _reload(node)
 
 
+@deadlock_retried
 def node_set_maintenance(*, node: Node, on: bool, reason: str, actor: str) -> Node:
     """Put the node in (or take it out of) maintenance.
 
@@ -96,6 +100,7 @@ def node_set_maintenance(*, node: Node, on: bool, reason: str, actor: str) -> No
     return _reload(node)
 
 
+@deadlock_retried
 def node_set_connectivity(
     *, node: Node, connected: bool, actor: str, reason: str, heartbeat_before: datetime | None = None
 ) -> Node:
@@ -130,6 +135,7 @@ def _taints_changed(locked: Node, *, actor: str, action: str, reason: str, **dat
     _node_audit(locked, actor=actor, action=action, reason=reason, **data, noScheduleTaints=count)
 
 
+@deadlock_retried
 def node_taint(*, node: Node, key: str, value: str, effect: str, reason: str, actor: str) -> Node:
     """Add or replace the taint `key`; a NoSchedule taint makes the node unschedulable (`unhealthy`)."""
     if not TAINT_KEY_RE.fullmatch(key):
@@ -167,6 +173,7 @@ def node_taint(*, node: Node, key: str, value: str, effect: str, reason: str, ac
     return _reload(node)
 
 
+@deadlock_retried
 def node_untaint(*, node: Node, key: str, actor: str, reason: str = "") -> Node:
     """Remove the taint `key`; removing a taint that is not there changes nothing."""
     with transaction.atomic():
@@ -187,6 +194,7 @@ def node_untaint(*, node: Node, key: str, actor: str, reason: str = "") -> Node:
     return _reload(node)
 
 
+@deadlock_retried
 def device_set_health(*, device: Device, healthy: bool, reason: str, actor: str) -> Device:
     """Mark a device healthy or unhealthy; a partitioned GPU's MIG or slot atoms follow their parent.
 
