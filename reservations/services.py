@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.dispatch import receiver
 
-from core.constants import DEADLOCK_DETECTED, WORKER_CHANNEL
+from core.constants import WORKER_CHANNEL
 from core.errors import Conflict, IdempotencyConflict, NoCapacity, NotFound
 from core.ratelimit import WriteCount
+from core.retry import DEADLOCK_ATTEMPTS, deadlock_retried
 from core.services import audit_params, audit_sql
 from inventory.models import Pool
 from reservations.delivery.daemon import AllocationFailed
@@ -56,7 +57,7 @@ from reservations.waits import LISTENER, RELEASE_CHANNEL, wait_for_release, wait
 
 logger = logging.getLogger(__name__)
 
-RELEASE_ATTEMPTS = 3
+RELEASE_ATTEMPTS = DEADLOCK_ATTEMPTS
 IDEMPOTENCY_CONSTRAINT = "reservation_unique_idempotency_key"
 
 
@@ -309,19 +310,9 @@ def reservation_release(
     `rate`: the API's write count, made in the release's last statement
     (`core.ratelimit.write_counted`); past a limit, the release rolls back.
     """
-    attempts = 1 if connection.in_atomic_block else RELEASE_ATTEMPTS
-    for attempt in range(attempts):
-        try:
-            return _release_once(
-                reservation_id=reservation.pk, actor=actor, reason=reason, tenant_id=tenant_id, rate=rate
-            )
-        except OperationalError as exc:
-            # A gang placement can hold one node's scalar row while it waits for
-            # this release's bookings; PostgreSQL breaks that cycle by failing
-            # one side. A release is safe to run again from the start.
-            if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED or attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
+    return _release_once(
+        reservation_id=reservation.pk, actor=actor, reason=reason, tenant_id=tenant_id, rate=rate
+    )
 
 
 def _release_sql(*, counted: bool) -> str:
@@ -350,6 +341,10 @@ _RELEASE_SQL = _release_sql(counted=False)
 _RELEASE_COUNTED_SQL = _release_sql(counted=True)
 
 
+# A gang placement can hold one node's scalar row while it waits for this release's
+# bookings; PostgreSQL breaks that cycle by failing one side. A release is safe to run
+# again from the start.
+@deadlock_retried
 def _release_once(
     *, reservation_id: str, actor: str, reason: str, tenant_id: str | None, rate: WriteCount | None
 ) -> Reservation:
