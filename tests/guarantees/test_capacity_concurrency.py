@@ -58,7 +58,7 @@ def verify_run(fleet: Fleet, tally: Tally, sampler: Sampler, *, operations: int)
     from core.models import AuditEvent
     from reservations.lifecycle.repair_sweep import bookings_repair
 
-    assert tally.total == operations, tally.counts
+    assert tally.total == operations, (tally.counts, tally.failures[:10])
     assert not tally.failures, tally.failures[:10]
     # The counters were right while the work was in flight, not only once it settled.
     assert sampler.samples == sampler.expected(operations), sampler.samples
