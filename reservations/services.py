@@ -155,11 +155,14 @@ class ReservationCreated:
         yield self.created
 
 
+@deadlock_retried
 def _create(*, request: ReservationRequest, digest: str, actor: str, pool: Pool) -> ReservationCreated:
     """One create, savepoint-free first; once more, careful (savepoints), if that lost a race after writing.
 
     The restart rolls the first run back whole (the reservation row included),
-    so what the second run writes is all there is.
+    so what the second run writes is all there is. So does a lost deadlock
+    (a node or maintenance change met between two of the placement's node
+    locks), after which the whole create runs again.
     """
     try:
         return _create_once(request=request, digest=digest, actor=actor, pool=pool, careful=False)

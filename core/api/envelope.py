@@ -89,6 +89,8 @@ DATABASE_RETRY_AFTER_SECONDS = 1
 # read_only_sql_transaction (a demoted leader), 57P01 admin_shutdown, 57P02 crash_shutdown,
 # 57P03 cannot_connect_now; and class 08, the connection exceptions.
 _LOST_PRIMARY_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+# 40P01 deadlock_detected, 40001 serialization_failure: the transaction lost to another.
+_LOST_RACE_STATES = frozenset({"40P01", "40001"})
 
 
 def database_unavailable(exc: BaseException) -> bool:
@@ -113,10 +115,14 @@ def database_unavailable_response(exc: BaseException) -> Response:
     while the database fails over, and says which error it was.
     """
     logger.warning("database unavailable, answered 503: %s: %s", type(exc).__name__, str(exc).strip()[:200])
+    if getattr(exc.__cause__, "sqlstate", None) in _LOST_RACE_STATES:
+        # Run again by the service (`core.retry`) and lost every time: nothing was written.
+        cause = "the request met other writes on the same rows every time it ran and wrote nothing"
+    else:
+        cause = "the database is unavailable (failing over)"
     response = error_response(
         "INTERNAL",
-        "the database is unavailable (failing over); send the request again after Retry-After seconds,"
-        " a create with the same idempotencyKey",
+        f"{cause}; send the request again after Retry-After seconds, a create with the same idempotencyKey",
         503,
     )
     response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)

@@ -49,9 +49,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
+from core.constants import DEADLOCK_DETECTED
 from core.errors import InvalidInput
+from core.retry import deadlock_retried
 from core.services import audit_record
 from inventory.models import Pool
 from inventory.schedulability import (
@@ -367,11 +369,32 @@ def _locked(reservation_id: str) -> Reservation | None:
     )
 
 
+# The reason of the look a lost deadlock ended (`reservation_repair_or_later`).
+LOST_DEADLOCK = "it lost a deadlock every time; the worker's next run looks again"
+
+
+def reservation_repair_or_later(*, reservation_id: str) -> Outcome:
+    """`reservation_repair` for a caller whose own work has committed: a lost deadlock is not its failure.
+
+    The sweep, a maintenance change that freed or took capacity: the look is
+    left to the worker's next run (nothing was written), and the caller goes on.
+    """
+    try:
+        return reservation_repair(reservation_id=reservation_id)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
+            raise
+        logger.warning("repair of %s lost a deadlock; the next run retries it", reservation_id)
+        return Outcome(None, LOST_DEADLOCK)
+
+
+@deadlock_retried
 def reservation_repair(*, reservation_id: str) -> Outcome:
     """Look at one reservation in its own transaction: move it, mark it, clear its mark, or nothing.
 
     Skips (nothing) a reservation another transaction holds: a release, a
-    renewal, or another worker repairing it.
+    renewal, or another worker repairing it. A lost deadlock runs the look
+    again (`core.retry`); the last one lost raises.
     """
     with transaction.atomic():
         reservation = _locked(reservation_id)

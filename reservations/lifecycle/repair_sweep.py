@@ -13,10 +13,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from django.db import OperationalError, connection
+from django.db import connection
 
-from core.constants import DEADLOCK_DETECTED, WORKER_CHANNEL
-from reservations.lifecycle.repair import COUNTED_SQL, reservation_repair, rows
+from core.constants import WORKER_CHANNEL
+from reservations.lifecycle.repair import COUNTED_SQL, reservation_repair_or_later, rows
 from reservations.maintenance.windows import IN_WINDOW_RESERVATIONS_SQL
 
 logger = logging.getLogger(__name__)
@@ -94,13 +94,7 @@ REPAIR_LATER = "repair-later"
 
 def _repair_one(reservation_id: str) -> bool:
     """One reservation's repair; whether it changed. A lost deadlock is left for the next run."""
-    try:
-        outcome = reservation_repair(reservation_id=reservation_id)
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
-            raise
-        logger.warning("repair of %s lost a deadlock; the next run retries it", reservation_id)
-        return False
+    outcome = reservation_repair_or_later(reservation_id=reservation_id)
     if outcome.action is not None:
         logger.info("reservation %s %s: %s", reservation_id, outcome.action, outcome.reason)
         return True

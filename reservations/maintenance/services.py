@@ -28,9 +28,10 @@ from django.db import connection, transaction
 from core.clock import compute_now
 from core.constants import WORKER_CHANNEL
 from core.errors import Conflict, InvalidInput, NotFound
+from core.retry import deadlock_retried
 from core.services import audit_record
 from inventory.models import Node
-from reservations.lifecycle.repair import reservation_repair
+from reservations.lifecycle.repair import LOST_DEADLOCK, reservation_repair_or_later
 from reservations.maintenance.windows import iso, window_conflicts, windows_overlapping
 from reservations.models import MaintenanceWindow, MaintenanceWindowNode, MaintenanceWindowState, Reservation
 from reservations.nodes.changes import REPAIR_WAKE
@@ -160,6 +161,7 @@ def _refuse_overlap(
         )
 
 
+@deadlock_retried
 def _window_create(
     *, node_ids: list[str], starts_at: datetime, ends_at: datetime, reason: str, actor: str
 ) -> MaintenanceWindow:
@@ -195,7 +197,7 @@ def _repair_conflicts(window: MaintenanceWindow, node_ids: list[str]) -> list[Co
     for reservation_id, _ in window_conflicts(window_id=window.pk):
         reservation = Reservation.objects.get(pk=reservation_id)
         before = _allocation_nodes(reservation_id) & members
-        outcome = reservation_repair(reservation_id=reservation_id)
+        outcome = reservation_repair_or_later(reservation_id=reservation_id)
         reservation.refresh_from_db()
         if outcome.action == "repaired":
             group, to_nodes = MOVED, tuple(sorted(_allocation_nodes(reservation_id)))
@@ -268,10 +270,14 @@ def _require_live(window: MaintenanceWindow) -> None:
 
 def _recheck(reservation_ids: Iterable[str]) -> None:
     """BookingRepair on reservations a change freed: their marks are cleared (or reworded) at once."""
+    lost = False
     for reservation_id in sorted(set(reservation_ids)):
-        reservation_repair(reservation_id=reservation_id)
+        lost |= reservation_repair_or_later(reservation_id=reservation_id).reason == LOST_DEADLOCK
+    if lost:
+        _wake_worker()
 
 
+@deadlock_retried
 def maintenance_shorten(*, window_id: str, ends_at: datetime, actor: str) -> MaintenanceWindow:
     """End the window earlier: its bookings after the new end are given back; marks it caused are cleared."""
     before = {r for r, _ in window_conflicts(window_id=window_id)}
@@ -339,6 +345,7 @@ def _blockers(node_ids: list[str], *, window: MaintenanceWindow, start: datetime
     return found
 
 
+@deadlock_retried
 def maintenance_extend(*, window_id: str, ends_at: datetime, actor: str) -> MaintenanceWindow:
     """End the window later; refused (CONFLICT naming the booking) where the extension meets one."""
     with transaction.atomic():
@@ -384,6 +391,7 @@ def maintenance_update(*, window_id: str, ends_at: datetime, actor: str) -> Main
     return window
 
 
+@deadlock_retried
 def maintenance_cancel(*, window_id: str, actor: str, reason: str = "") -> MaintenanceWindow:
     """Call the window off: its bookings from now on given back, its nodes out of the maintenance it set."""
     from reservations.maintenance.toggle import members_switch_off

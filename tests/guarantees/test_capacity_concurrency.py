@@ -108,7 +108,11 @@ def run_interleaved(
 
     def bind(op: Op) -> Any:
         def run() -> str:
-            outcome = op_run_service(op, ledger, fleet)
+            try:
+                outcome = op_run_service(op, ledger, fleet)
+            except Exception as exc:
+                # The stepper records the exception; this names the operation that raised it.
+                raise RuntimeError(f"{op.kind} {op.args}: {type(exc).__name__}: {exc}") from exc
             tally.record(op, outcome)
             return outcome
 
