@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
 from django.db import connection
 
@@ -91,6 +92,67 @@ class Option:
     score: float
 
 
+class Options(Sequence[Option]):
+    """A plan's options, best first, each built the first time it is asked for.
+
+    A create books the first option that holds and seldom looks at a second,
+    so choosing the atoms of all ten (Python's share of a plan) for every
+    create is work thrown away; a preview that lists them all builds them all.
+    Built once, an option is kept: every reader sees the same options.
+    """
+
+    def __init__(self, source: Iterable[Option] = ()) -> None:
+        self._made: list[Option] = []
+        self._source: Iterator[Option] | None = iter(source)
+
+    def _more(self) -> bool:
+        if self._source is None:
+            return False
+        for option in self._source:
+            self._made.append(option)
+            return True
+        self._source = None
+        return False
+
+    def _all(self) -> list[Option]:
+        while self._more():
+            pass
+        return self._made
+
+    def __iter__(self) -> Iterator[Option]:
+        index = 0
+        while index < len(self._made) or self._more():
+            yield self._made[index]
+            index += 1
+
+    def __bool__(self) -> bool:
+        return bool(self._made) or self._more()
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    @overload
+    def __getitem__(self, index: int) -> Option: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Option]: ...
+    def __getitem__(self, index: int | slice) -> Option | list[Option]:
+        if isinstance(index, slice) or index < 0:
+            return self._all()[index]
+        while len(self._made) <= index and self._more():
+            pass
+        return self._made[index]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Options({self._all()!r})"
+
+
 @dataclass(frozen=True)
 class Reason:
     code: str
@@ -102,7 +164,7 @@ class Plan:
     """A ranked shortlist for one window; `displace` means taking it cuts spot bookings."""
 
     window: Window
-    options: list[Option] = field(default_factory=list)
+    options: Options = field(default_factory=Options)
     reason: Reason | None = None
     displace: bool = False
     # What was ranked: "counts" (the candidates the kept counts named) or "pool".
@@ -278,10 +340,14 @@ def placement_plan(
     return plan
 
 
-def _options(query: PlanQuery, *, ranked: list[dict[str, Any]], salt: int) -> list[Option]:
-    """The ranked nodes (or groups) as options, each member with the atoms it would book."""
+def _options(query: PlanQuery, *, ranked: list[dict[str, Any]], salt: int) -> Options:
+    """The ranked nodes (or groups) as options, each member with the atoms it would book.
+
+    The atoms are read here, at once (in the plan's snapshot); an option's
+    members are chosen from them when the option is first asked for.
+    """
     if not ranked:
-        return []
+        return Options()
     request = query.request
     if request.gang_size:
         groups = [(list(r["nodes"]), list(r["scores"]), float(r["score"])) for r in ranked]
@@ -294,18 +360,22 @@ def _options(query: PlanQuery, *, ranked: list[dict[str, Any]], salt: int) -> li
         atoms_by_node = _atoms_for(
             query, node_ids=sorted({node_id for nodes, _, _ in groups for node_id in nodes})
         )
-    options = []
-    for nodes, scores, group_score in groups:
-        members = []
-        for node_id, score in zip(nodes, scores, strict=True):
-            rows, whole = atoms_by_node.get(node_id, ([], []))
-            member = _member(request=request, node_id=node_id, score=score, rows=rows, whole=whole, salt=salt)
-            if member is None:
-                break
-            members.append(member)
-        else:
-            options.append(Option(members=tuple(members), score=group_score))
-    return options
+
+    def made() -> Iterator[Option]:
+        for nodes, scores, group_score in groups:
+            members = []
+            for node_id, score in zip(nodes, scores, strict=True):
+                rows, whole = atoms_by_node.get(node_id, ([], []))
+                member = _member(
+                    request=request, node_id=node_id, score=score, rows=rows, whole=whole, salt=salt
+                )
+                if member is None:
+                    break
+                members.append(member)
+            else:
+                yield Option(members=tuple(members), score=group_score)
+
+    return Options(made())
 
 
 def _from_counts(query: PlanQuery) -> bool:
