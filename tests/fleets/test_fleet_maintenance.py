@@ -66,13 +66,14 @@ def test_a_window_in_the_file_is_scheduled_and_a_reload_schedules_nothing_twice(
 def test_a_window_an_operator_cancelled_stays_cancelled_and_a_past_window_is_skipped() -> None:
     from reservations.maintenance.services import maintenance_cancel
 
-    past = window("old", hours=-10)
-    answer = fleet_load(data=fleet_with(window(), past))
+    # One window, written twice: a second `window()` could fall in the next second.
+    held, past = window(), window("old", hours=-10)
+    answer = fleet_load(data=fleet_with(held, past))
     (window_id,) = answer["maintenance"]["scheduled"]
     assert answer["maintenance"]["past"] == ["maintenance[1]"]
     maintenance_cancel(window_id=window_id, actor="alice")
 
-    again = fleet_load(data=fleet_with(window(), past))
+    again = fleet_load(data=fleet_with(held, past))
     assert again["maintenance"]["found"] == [window_id] and again["maintenance"]["scheduled"] == []
     assert list(MaintenanceWindow.objects.values_list("state", flat=True)) == ["cancelled"]
 
@@ -104,8 +105,9 @@ def test_a_bad_window_refuses_the_file_whole_naming_each_field() -> None:
 
 @pytest.mark.django_db
 def test_a_window_that_meets_a_live_one_refuses_the_whole_load_naming_it() -> None:
-    fleet_load(data=fleet_with(window()))
-    data = fleet_with(window(), window("psu", hours=26, nodes=["gpu-a-002"]))
+    held = window()
+    fleet_load(data=fleet_with(held))
+    data = fleet_with(held, window("psu", hours=26, nodes=["gpu-a-002"]))
     data["tenants"].append({"id": "delta", "name": "Delta"})
     with pytest.raises(Conflict, match="nodes already held by maintenance window 'firmware'"):
         fleet_load(data=data)
