@@ -25,6 +25,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEADLOCK_ATTEMPTS = 3
 
 
+def lost_deadlock(exc: BaseException) -> bool:
+    """Whether `exc` is PostgreSQL failing this transaction to break a lock cycle."""
+    return isinstance(exc, OperationalError) and getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_DETECTED
+
+
 def deadlock_retried(func: F) -> F:
     """Run `func`, which opens its own transaction, again while it loses deadlocks (at most 3 runs)."""
 
@@ -35,7 +40,7 @@ def deadlock_retried(func: F) -> F:
             try:
                 return func(*args, **kwargs)
             except OperationalError as exc:
-                if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED or attempt == attempts:
+                if not lost_deadlock(exc) or attempt == attempts:
                     raise
                 logger.info("%s lost a deadlock; run %d of %d", func.__name__, attempt + 1, attempts)
         raise AssertionError("unreachable")  # pragma: no cover

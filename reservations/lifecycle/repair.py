@@ -51,9 +51,8 @@ from typing import Any
 
 from django.db import OperationalError, connection, transaction
 
-from core.constants import DEADLOCK_DETECTED
 from core.errors import InvalidInput
-from core.retry import deadlock_retried
+from core.retry import deadlock_retried, lost_deadlock
 from core.services import audit_record
 from inventory.models import Pool
 from inventory.schedulability import (
@@ -382,7 +381,7 @@ def reservation_repair_or_later(*, reservation_id: str) -> Outcome:
     try:
         return reservation_repair(reservation_id=reservation_id)
     except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
+        if not lost_deadlock(exc):
             raise
         logger.warning("repair of %s lost a deadlock; the next run retries it", reservation_id)
         return Outcome(None, LOST_DEADLOCK)
