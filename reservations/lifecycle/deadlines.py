@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import OperationalError, connection, transaction
 
-from core.constants import DEADLOCK_DETECTED
+from core.retry import lost_deadlock
 from reservations.delivery.outbox import outbox_deliver_due
 from reservations.models import Reservation
 from reservations.placer.cut import reservation_cut
@@ -54,7 +54,7 @@ def _one_at_a_time(*, pick_sql: str, act: Any, limit: int) -> int:
                     done += 1
                 tried.append(row[0])
         except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED or row is None:
+            if not lost_deadlock(exc) or row is None:
                 raise
             failures[row[0]] = failures.get(row[0], 0) + 1
             if failures[row[0]] >= RELEASE_ATTEMPTS:

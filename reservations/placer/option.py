@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from django.db import OperationalError, connection, transaction
 
-from core.constants import DEADLOCK_DETECTED
+from core.retry import lost_deadlock
 from inventory.schedulability import schedulable_sql
 from inventory.services.resources import node_resources_claim
 from reservations.models import Allocation, Reservation
@@ -61,7 +61,7 @@ class _Taken(_LostRace):
 
 def _lock_cycle(exc: OperationalError) -> bool:
     """PostgreSQL broke a lock cycle, or a lock was not to be had: a race lost, not a fault."""
-    return getattr(exc.__cause__, "sqlstate", None) in (DEADLOCK_DETECTED, _LOCK_NOT_AVAILABLE)
+    return lost_deadlock(exc) or getattr(exc.__cause__, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
 
 def _passed(option: Option, why: Exception, *, after_writing: bool = False) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 from django.db import OperationalError, connection, transaction
 
-from core.constants import DEADLOCK_DETECTED
+from core.retry import lost_deadlock
 from inventory.models import Pool
 from reservations.lifecycle.phases import bookings_advance
 from reservations.models import PoolCapacityRollup
@@ -72,10 +72,6 @@ def _after_lock() -> None:
     """Nothing; tests patch in a pause here to fix one interleaving of a rebuild and a booking."""
 
 
-def _is_deadlock(error: OperationalError) -> bool:
-    return getattr(error.__cause__, "sqlstate", None) == DEADLOCK_DETECTED
-
-
 def _rebuild_pools(pool_ids: list[str]) -> None:
     """Lock, count and write the rows of these pools in one transaction (retried on deadlock)."""
     for attempt in range(DEADLOCK_RETRIES + 1):
@@ -93,7 +89,7 @@ def _rebuild_pools(pool_ids: list[str]) -> None:
                 rollup_rows_store(pool_ids=pool_ids, rows=rows)
             return
         except OperationalError as error:
-            if not _is_deadlock(error) or attempt == DEADLOCK_RETRIES:
+            if not lost_deadlock(error) or attempt == DEADLOCK_RETRIES:
                 raise
             logger.warning("rollup rebuild lost a deadlock on %d pool(s); retrying", len(pool_ids))
 

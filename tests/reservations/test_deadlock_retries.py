@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -21,9 +22,11 @@ from rest_framework.test import APIClient
 
 from core.retry import DEADLOCK_ATTEMPTS
 from inventory.models import Node, Pool
+from reservations.lifecycle.deadlines import reservation_settle_ended
 from reservations.lifecycle.repair_sweep import bookings_repair
 from reservations.models import DeviceBooking, Reservation
 from reservations.rollups.recount import rollup_rebuild
+from reservations.services import RELEASE_ATTEMPTS
 from tests.support.api import assert_error, post_json, reservation_body
 from tests.support.clock import HOUR_MS, now_ms
 
@@ -140,3 +143,51 @@ def test_a_cancelled_window_stays_cancelled_when_the_repair_after_it_loses_deadl
         assert at_risk(owner_client, created["id"]) is not None
         bookings_repair()
         assert at_risk(owner_client, created["id"]) is None
+
+
+# The rebuild's lock of the pool's rollup rows (`reservations.rollups.deltas.rollup_rows_lock`).
+ROLLUP_LOCK = "SELECT id FROM pool_capacity_rollup"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rollup_rebuild_that_lost_a_deadlock_runs_again_and_counts(
+    owner_client: APIClient, owned_pool: Pool, gpu_node: Node
+) -> None:
+    with statements_lose(ROLLUP_LOCK, times=1) as lost:
+        rollup_rebuild(pool_id=owned_pool.pk)
+    assert len(lost) == 1
+    status, summary = post_json(
+        owner_client, "capacity/byPool", {"tenantId": "acme", "poolId": owned_pool.pk}
+    )
+    assert status == 200, summary
+    gpu = next(row for row in summary["rows"] if row["resource"] == "gpu")
+    assert gpu["allocatable"] == gpu_node.devices.filter(device_class="gpu").count() > 0, gpu
+
+
+# The settlement's own write (`reservations.lifecycle.deadlines._SETTLED_SQL`).
+SETTLE = "SET state = 'ended'"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("losses", "settled_at_once"), [(1, True), (RELEASE_ATTEMPTS, False)])
+def test_a_settlement_that_lost_deadlocks_runs_again_or_waits_for_the_next_run(
+    owner_client: APIClient,
+    owned_pool: Pool,
+    gpu_node: Node,
+    clock: Callable[[timedelta], None],
+    losses: int,
+    settled_at_once: bool,
+) -> None:
+    body = reservation_body(owned_pool, "acme", "ends", gpus=1, duration="10m")
+    status, created = post_json(owner_client, "reservations/create", body)
+    assert status == 201, created
+    clock(timedelta(minutes=10, seconds=1))
+    with statements_lose(SETTLE, times=losses) as lost:
+        settled = reservation_settle_ended()
+    assert len(lost) == losses
+    assert Reservation.objects.get(pk=created["id"]).state == ("ended" if settled_at_once else "active")
+    assert settled == (1 if settled_at_once else 0)
+    if not settled_at_once:
+        # Left for the next run of the job, which settles it.
+        assert reservation_settle_ended() == 1
+        assert Reservation.objects.get(pk=created["id"]).state == "ended"
