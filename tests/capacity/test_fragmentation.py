@@ -23,6 +23,7 @@ from operations.services import device_set_health, node_cordon
 from reservations.models import DeviceBooking
 from tests.support.admin import links_of
 from tests.support.api import post
+from tests.support.factories import PoolFactory
 from tests.support.placement import make_node
 from tests.support.records import book
 
@@ -64,6 +65,8 @@ def test_fragmentation_matches_a_brute_force_count(owner_client: APIClient, owne
     make_node(owned_pool, hostname="b-small", labels=fabric_b, gpus=4)
     sick = make_node(owned_pool, hostname="b-sick", labels=fabric_b)
     full = make_node(owned_pool, hostname="unlabelled-full", labels={"rack": "r9"})
+    # A node of another pool on the same fabric is not this pool's.
+    make_node(PoolFactory.create(owner=owned_pool.owner, name="elsewhere"), hostname="x", labels=fabric_a)
     for device in Device.objects.filter(node=partly).order_by("uid")[:2]:
         book(device, timedelta(minutes=-5), timedelta(hours=1))
     for device in Device.objects.filter(node=later).order_by("uid")[:3]:
