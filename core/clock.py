@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import connection
+from django.db.models import DateTimeField, Func
 
 CLOCK_OFFSET_SETTING = "compute.clock_offset"
 
@@ -19,6 +20,22 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT now() + COALESCE(NULLIF(current_setting('{CLOCK_OFFSET_SETTING}', true), ''), '0')::interval
 $$;
 """
+
+
+class StatementNow(Func):
+    """`compute_now()` at the statement rather than at the transaction's start.
+
+    `now()` is when the transaction began, before any lock wait in it: what the
+    transaction waited for committed after that instant, so a value that must
+    read as later than what was waited for is set with this one.
+    """
+
+    arity = 0
+    template = (
+        "statement_timestamp()"
+        f" + COALESCE(NULLIF(current_setting('{CLOCK_OFFSET_SETTING}', true), ''), '0')::interval"
+    )
+    output_field = DateTimeField()
 
 
 def compute_now() -> datetime:

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from core.clock import compute_now
+from core.clock import StatementNow, compute_now
 from core.constants import WORKER_CHANNEL
 from core.errors import Conflict, InvalidInput, NotFound
 from core.retry import deadlock_retried
@@ -169,8 +169,11 @@ def _window_create(
     with transaction.atomic():
         _lock_nodes(node_ids)
         _refuse_overlap(node_ids, starts_at=starts_at, ends_at=ends_at)
+        # Created when it holds its nodes: a create that shared a node's lock with a placement ahead
+        # of ours commits while we wait (a waiting FOR UPDATE does not stop a new FOR SHARE), after
+        # this transaction's now(); it is inside, found below, and was made before the window.
         window = MaintenanceWindow.objects.create(
-            reason=reason, starts_at=starts_at, ends_at=ends_at, created_by=actor
+            reason=reason, starts_at=starts_at, ends_at=ends_at, created_by=actor, created_at=StatementNow()
         )
         MaintenanceWindowNode.objects.bulk_create(
             [MaintenanceWindowNode(window=window, node_id=node_id) for node_id in node_ids]

@@ -14,18 +14,19 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
 
 from core.clock import compute_now
 from core.services import token_issue
 from inventory.models import Pool
 from operations.invariants import check_no_tenant_booking_in_a_window
-from reservations.maintenance.services import maintenance_schedule
+from reservations.maintenance.services import STUCK, maintenance_schedule
+from reservations.models import MaintenanceWindow, Reservation
 from reservations.rollups.recount import rollup_rebuild
 from tests.support.api import bearer_client, post_json, reservation_body
 from tests.support.clock import HOUR_MS, now_ms
 from tests.support.placement import make_node
-from tests.support.threads import workers_race
+from tests.support.threads import started_until_blocked, transaction_held_open, workers_race
 from tests.worker.watch import Watcher, looping, wait_for
 from worker.jobs import worker_jobs
 from worker.loop import WorkerLoop
@@ -67,6 +68,48 @@ def test_sixteen_racing_creates_never_leave_a_booking_inside_a_window_being_sche
     impact = workers[-1].result
     # Whatever got in first was moved off the window's nodes, never left in it.
     assert all(c.group == "moved" for c in impact.conflicts), impact.conflicts
+    assert check_no_tenant_booking_in_a_window() == []
+    connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_create_that_commits_while_the_window_waits_for_its_node_is_found_and_counted_as_before_it(
+    owned_pool: Pool,
+) -> None:
+    """A row lock waited for `FOR UPDATE` does not stop a new `FOR SHARE` of the row in PostgreSQL: a
+    create that began after the window's transaction began can commit before the window holds the node.
+    The window then finds it inside (one node, nowhere to move: at risk), and it was made before the
+    window: the window's `created_at` is when it held its nodes, not when its transaction began."""
+    node = make_node(owned_pool)
+    _, member = token_issue(tenant_id="acme", role="member", name="race acme")
+    from_at = compute_now() + timedelta(hours=1)
+
+    def placement_on_the_node() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id FROM inventory_node WHERE id = %s FOR SHARE", [node.pk])
+
+    def schedule() -> Any:
+        return maintenance_schedule(
+            node_ids=[node.pk], starts_at=from_at, ends_at=from_at + timedelta(hours=3), reason="race",
+            actor="test",
+        )  # fmt: skip
+
+    holder, let_go = transaction_held_open(placement_on_the_node)
+    scheduling = started_until_blocked(schedule)
+    body = reservation_body(
+        owned_pool, "acme", "in-between", gpus=1, duration=3600, start=now_ms() + 2 * HOUR_MS
+    )
+    status, created = post_json(bearer_client(member), "reservations/create", body)
+    assert status == 201, created
+    let_go.set()
+    holder.join_ok()
+    scheduling.join_ok()
+    impact = scheduling.result
+    assert [(c.reservation_id, c.group) for c in impact.conflicts] == [(created["id"], STUCK)]
+    reservation = Reservation.objects.get(pk=created["id"])
+    assert reservation.at_risk_since is not None
+    window = MaintenanceWindow.objects.get()
+    assert reservation.created_at < window.created_at == impact.window.created_at
     assert check_no_tenant_booking_in_a_window() == []
     connections.close_all()
 
