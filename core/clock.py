@@ -13,11 +13,13 @@ from django.db import connection
 from django.db.models import DateTimeField, Func
 
 CLOCK_OFFSET_SETTING = "compute.clock_offset"
+# What the tests' moved clock adds to PostgreSQL's own (nothing unless the setting is set).
+_OFFSET_SQL = f"COALESCE(NULLIF(current_setting('{CLOCK_OFFSET_SETTING}', true), ''), '0')::interval"
 
 COMPUTE_NOW_SQL = f"""
 CREATE OR REPLACE FUNCTION compute_now() RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT now() + COALESCE(NULLIF(current_setting('{CLOCK_OFFSET_SETTING}', true), ''), '0')::interval
+    SELECT now() + {_OFFSET_SQL}
 $$;
 """
 
@@ -31,10 +33,7 @@ class StatementNow(Func):
     """
 
     arity = 0
-    template = (
-        "statement_timestamp()"
-        f" + COALESCE(NULLIF(current_setting('{CLOCK_OFFSET_SETTING}', true), ''), '0')::interval"
-    )
+    template = f"statement_timestamp() + {_OFFSET_SQL}"
     output_field = DateTimeField()
 
 
