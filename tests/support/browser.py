@@ -15,8 +15,11 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
+# How long a lookup waits for its element to appear (what a page's script adds after it loads).
+IMPLICIT_WAIT_SECONDS = 5
 
 CHROME_FLAGS = (
     "--headless=new",
@@ -49,8 +52,25 @@ def headless_chromium() -> Iterator[WebDriver]:
     if binary:
         options.binary_location = binary
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.implicitly_wait(5)
+    driver.implicitly_wait(IMPLICIT_WAIT_SECONDS)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+def absent(where: WebDriver | WebElement, by: str, value: str) -> bool:
+    """Whether the loaded page has no such element, answered at once.
+
+    `find_elements` waits the whole implicit wait for an element that is not
+    there, so every absence it confirms costs 5 s. Call this once the page is
+    known to be whole (after `get`, a followed link, or a present element): the
+    admin's pages and charts are rendered by the server, so what is missing
+    then does not come later.
+    """
+    driver = where if isinstance(where, WebDriver) else where.parent
+    driver.implicitly_wait(0)
+    try:
+        return not where.find_elements(by, value)
+    finally:
+        driver.implicitly_wait(IMPLICIT_WAIT_SECONDS)
