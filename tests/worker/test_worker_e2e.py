@@ -7,8 +7,10 @@ cordon moves the pool's GPUs to `maintenance` without a rebuild, and Ctrl-C stop
 worker killed in the middle of a job and started again loses nothing and does nothing twice.
 
 Real durations, not a moved clock: the processes keep their database sessions, and the promise is about
-the clock they read. The "within 5 s" checks compare against the database clock (`compute_now()`), and
-poll; they are the service's stated deadlines, not measurements of this machine's speed.
+the clock they read. Only the test's own session moves its clock back while it makes a reservation, so
+that one made a minute ago, with its end seconds away, is on the server when the watch begins. The
+"within 5 s" checks compare against the database clock (`compute_now()`), and poll; they are the
+service's stated deadlines, not measurements of this machine's speed.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ import pytest
 import requests
 from django.db import connection, transaction
 
-from core.clock import compute_now
+from core.clock import compute_now, set_clock_offset
 from core.models import AuditEvent, WorkerJob
 from core.services import token_issue
 from core.worker_status import HEARTBEAT_ROW
 from inventory.models import Node, Pool
 from ledger.models import QuotaUsage
 from reservations.models import Reservation
+from reservations.request.types import ReservationRequest
 from reservations.rollups.recount import rollup_rebuild
 from reservations.services import reservation_create
 from tests.support.factories import QuotaUsageFactory
@@ -245,23 +248,33 @@ def _acme_whole_quota(pool: Pool, key: str) -> dict[str, Any]:
     return {"poolId": pool.pk, "devices": devices, "tenantId": "acme", "duration": 60, "idempotencyKey": key}
 
 
+def _made_ago(seconds: float, request: ReservationRequest) -> dict[str, Any]:
+    """A reservation made `seconds` ago (the test's clock moved back while the service makes it), so
+    that its end or its lease falls due within seconds rather than a minute: the shortest duration
+    there is, and the shortest lease, are both longer than this test needs to wait."""
+    set_clock_offset(timedelta(seconds=-seconds))
+    try:
+        reservation = reservation_create(request=request, actor="e2e").reservation
+    finally:
+        set_clock_offset(timedelta(0))
+    lease = reservation.lease_expires_at
+    return {"id": reservation.pk, "end": _ms(reservation.ends_at), "leaseExpiresAt": lease and _ms(lease)}
+
+
 def _create_what_falls_due(
     running: Running, acme: str, beta: str, pool: Pool
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """acme's whole quota (a second create is refused), then beta's 30 s lease never renewed and its
-    booking that starts in 40 s: the reservation that ends, the lease, the later booking."""
-    status, ending = running.call("reservations/create", acme, _acme_whole_quota(pool, "ends"))
-    assert status == 201, ending
+    """acme's whole quota for a minute, made 52 s ago (a second create is refused), then beta's 30 s
+    lease made 22 s ago and never renewed, and its booking that starts in 10 s: the reservation that
+    ends, the lease, the later booking, each due about 8 s after the server has them."""
+    ending = _made_ago(
+        52, gpu_request(pool, 2, tenant_id="acme", duration_seconds=60, idempotency_key="ends")
+    )
     status, refused = running.call("reservations/create", acme, _acme_whole_quota(pool, "more"))
     assert status == 409 and refused["error"]["code"] == "QUOTA_EXCEEDED", refused
+    leased = _made_ago(22, gpu_request(pool, 1, tenant_id="beta", lease_seconds=30, idempotency_key="lease"))
     one = {"poolId": pool.pk, "devices": [{"class": "gpu", "count": 1}]}
-    status, leased = running.call(
-        "reservations/create",
-        beta,
-        {**one, "tenantId": "beta", "duration": "1h", "leaseSeconds": 30, "idempotencyKey": "lease"},
-    )
-    assert status == 201, leased
-    starts = _ms(compute_now()) + 40_000
+    starts = _ms(compute_now()) + 10_000
     status, later = running.call(
         "reservations/create",
         beta,
