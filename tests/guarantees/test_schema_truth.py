@@ -22,7 +22,7 @@ from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import RejectedPositiveData
 
 from config.wsgi import application
-from tests.support.envelope import error_details
+from tests.support.envelope import assert_contract_answer, content_type_of, error_details
 
 # The test run draws the same cases every time, so that CI does not depend on luck; `make soak` draws
 # new ones, four times as many, which is how the next divergence between document and server is found.
@@ -77,6 +77,8 @@ def test_every_check_passes_on_every_method(
 ) -> None:
     headers = {"Authorization": f"Bearer {personas[credential]}"}
     response = case.call(headers=headers)
+    # The contract's answer, whatever the document says: no 5xx, JSON, an error exactly the envelope.
+    assert_contract_answer(response.status_code, content_type_of(response), response.content)
     try:
         case.validate_response(response, checks=EVERY_CHECK, headers=headers)
     except FailureGroup as group:
