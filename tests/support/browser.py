@@ -15,7 +15,6 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.remote.webelement import WebElement
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 # How long a lookup waits for its element to appear (what a page's script adds after it loads).
@@ -59,7 +58,7 @@ def headless_chromium() -> Iterator[WebDriver]:
         driver.quit()
 
 
-def absent(where: WebDriver | WebElement, by: str, value: str) -> bool:
+def absent(driver: WebDriver, by: str, value: str) -> bool:
     """Whether the loaded page has no such element, answered at once.
 
     `find_elements` waits the whole implicit wait for an element that is not
@@ -68,9 +67,8 @@ def absent(where: WebDriver | WebElement, by: str, value: str) -> bool:
     admin's pages and charts are rendered by the server, so what is missing
     then does not come later.
     """
-    driver = where if isinstance(where, WebDriver) else where.parent
     driver.implicitly_wait(0)
     try:
-        return not where.find_elements(by, value)
+        return not driver.find_elements(by, value)
     finally:
         driver.implicitly_wait(IMPLICIT_WAIT_SECONDS)

@@ -41,6 +41,7 @@ from ledger.models import QuotaUsage
 from reservations.models import Reservation
 from reservations.request.types import ReservationRequest
 from reservations.rollups.recount import rollup_rebuild
+from reservations.selectors import reservation_payload
 from reservations.services import reservation_create
 from tests.support.factories import QuotaUsageFactory
 from tests.support.paths import ROOT
@@ -254,11 +255,11 @@ def _made_ago(seconds: float, request: ReservationRequest) -> dict[str, Any]:
     there is, and the shortest lease, are both longer than this test needs to wait."""
     set_clock_offset(timedelta(seconds=-seconds))
     try:
-        reservation = reservation_create(request=request, actor="e2e").reservation
+        created = reservation_create(request=request, actor="e2e")
     finally:
         set_clock_offset(timedelta(0))
-    lease = reservation.lease_expires_at
-    return {"id": reservation.pk, "end": _ms(reservation.ends_at), "leaseExpiresAt": lease and _ms(lease)}
+    # The contract's object, as the create's answer carries it.
+    return reservation_payload(created.reservation, allocations=created.allocations)
 
 
 def _create_what_falls_due(
