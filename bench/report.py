@@ -285,7 +285,7 @@ def _profile_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
                     cells.append(" | | | |")
                 else:
                     # The framework's row is what is left of the request's time; its CPU is not split out.
-                    cpu = "" if stage == FRAMEWORK else f"{row.get('cpu_p50_ms', 0.0):.2f}"
+                    cpu = "" if stage == FRAMEWORK else f"{row['cpu_p50_ms']:.2f}"
                     cells.append(
                         f"{row['share']:.1%} | {row['p50_ms']:.2f} | {row['sql_p50_ms']:.2f} | {cpu}"
                         f" | {row['statements']:g}"
@@ -293,9 +293,9 @@ def _profile_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
             lines.append(f"| {stage} | " + " | ".join(cells) + " |")
         create, release = profile["create"], profile["release"]
         lines += [
-            f"| **whole request** | 100% | {create['p50_ms']:.2f} | | {create.get('cpu_p50_ms', 0.0):.2f}"
+            f"| **whole request** | 100% | {create['p50_ms']:.2f} | | {create['cpu_p50_ms']:.2f}"
             f" | {create['statements']:g} | 100% | {release['p50_ms']:.2f} | |"
-            f" {release.get('cpu_p50_ms', 0.0):.2f} | {release['statements']:g} |",
+            f" {release['cpu_p50_ms']:.2f} | {release['statements']:g} |",
             "",
         ]
     return lines
