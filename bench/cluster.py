@@ -41,7 +41,7 @@ CLIENTS = 16
 BENCH_ENV = {
     "CLUSTER_DIR": str(ROOT / ".cluster-bench"),
     "CLUSTER_PORT": "8300",
-    "CLUSTER_PG_PORT": "55461",
+    "CLUSTER_PG_PORT": "25461",
 }
 
 

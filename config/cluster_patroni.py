@@ -12,6 +12,7 @@ leader.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -64,7 +65,8 @@ def rest(ports: Ports, index: int, path: str, *, timeout: float = 2.0) -> tuple[
         with contextlib.suppress(ValueError):
             return error.code, json.loads(error.read() or b"null")
         return error.code, None
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+        # HTTPException: an answer that is no HTTP (a half-started server) is no answer either.
         return 0, None
 
 

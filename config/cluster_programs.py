@@ -10,6 +10,7 @@ root: as root, the servers run as an unprivileged user.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import pwd
 import shutil
@@ -140,7 +141,7 @@ def wait_http(url: str, *, what: str, timeout: float = 60.0) -> None:
         try:
             with urllib.request.urlopen(url, timeout=5):  # noqa: S310
                 return
-        except (urllib.error.URLError, OSError) as error:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
             if time.monotonic() > deadline:
                 raise SystemExit(f"{what} did not answer at {url}: {error}") from error
             time.sleep(0.3)

@@ -24,6 +24,11 @@ MEMBERS = ("pg1", "pg2")
 class Ports:
     """One block of ports, far from PostgreSQL's 5432 and `make run`'s 8000.
 
+    Below Linux's ephemeral range (32768-60999): a client connecting to a port
+    in that range that nothing listens on yet (a member still starting) can be
+    given that very port as its own, connect to itself, and hold the port the
+    member is about to bind.
+
     `primary` and `replica` are HAProxy's two database frontends (the leader by
     Patroni's `/primary` check, a streaming standby by `/replica`): what the
     app, the worker and the tests connect to. The members themselves, their
@@ -31,7 +36,7 @@ class Ports:
     """
 
     balancer: int = int(os.environ.get("CLUSTER_PORT", "8100"))
-    primary: int = int(os.environ.get("CLUSTER_PG_PORT", "55431"))
+    primary: int = int(os.environ.get("CLUSTER_PG_PORT", "25431"))
 
     @property
     def replica(self) -> int:

@@ -46,7 +46,7 @@ def cluster() -> Iterator[Cluster]:
     env |= {
         "CLUSTER_DIR": str(CLUSTER_DIR),
         "CLUSTER_PORT": "8200",
-        "CLUSTER_PG_PORT": "55451",
+        "CLUSTER_PG_PORT": "25451",
         "SECRET_KEY": "cluster-test-secret-key",
         # Small bounds, so the tests see a lagging replica and the end of read-your-writes quickly.
         "DATABASE_REPLICA_MAX_LAG_SECONDS": "2",
