@@ -29,6 +29,10 @@ OFFLINE_ENV = "DATABASE_OFFLINE"
 POOLER_ENV = "DATABASE_POOLER"
 REPLICA_URL_ENV = "DATABASE_REPLICA_URL"
 DIRECT_URL_ENV = "DATABASE_DIRECT_URL"
+# The project's backend: Django's PostgreSQL backend with a cheaper health check (`core.postgres`).
+BACKEND = "core.postgres"
+# Runs of one statement on a connection before psycopg prepares it (psycopg's own default).
+PREPARE_THRESHOLD = 5
 
 
 def embedded_pgdata(base_dir: Path) -> Path:
@@ -55,7 +59,7 @@ def embedded_database(base_dir: Path) -> dict[str, Any]:
     info = server.get_postmaster_info()
     host = str(info.socket_dir) if info.socket_dir else (info.hostname or "127.0.0.1")
     config: dict[str, Any] = {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": BACKEND,
         "NAME": "postgres",
         "USER": "postgres",
         "PASSWORD": "",
@@ -87,9 +91,28 @@ def database_config(env: environ.Env, base_dir: Path) -> dict[str, Any]:
     config["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
     config["CONN_HEALTH_CHECKS"] = True
     config["TEST"] = {"NAME": env.str("TEST_DB_NAME", default="test_capacity")}
+    service_postgres(config)
     if env.str(POOLER_ENV, default="") == "transaction":
         transaction_pooled(config)
     return config
+
+
+def service_postgres(config: dict[str, Any]) -> None:
+    """The project's backend, with parameters bound on the server and hot statements prepared.
+
+    Django binds parameters in the process by default, so every statement
+    reaches PostgreSQL as new text and is parsed and planned on every run:
+    most of a create's database time was planning. Bound on the server,
+    psycopg prepares a statement after its `PREPARE_THRESHOLD`th run on a
+    connection, and PostgreSQL keeps a generic plan where that costs no more
+    than planning each run (`plan_cache_mode` in the connection's `options`
+    takes that choice back without a code change). A connection through a
+    transaction pooler undoes this (`transaction_pooled`, applied after).
+    """
+    if config.get("ENGINE") in (BACKEND, "django.db.backends.postgresql"):
+        config["ENGINE"] = BACKEND
+        config["OPTIONS"].setdefault("server_side_binding", True)
+        config["OPTIONS"].setdefault("prepare_threshold", PREPARE_THRESHOLD)
 
 
 def transaction_pooled(config: dict[str, Any]) -> None:
@@ -104,6 +127,9 @@ def transaction_pooled(config: dict[str, Any]) -> None:
     """
     config["DISABLE_SERVER_SIDE_CURSORS"] = True
     config["OPTIONS"]["prepare_threshold"] = None
+    # Bound on the server but never prepared, a statement costs the database a
+    # little more than bound in the process (`python -m bench.binding`): keep Django's way.
+    config["OPTIONS"]["server_side_binding"] = False
 
 
 def extra_aliases(env: environ.Env) -> dict[str, dict[str, Any]]:
@@ -125,6 +151,8 @@ def extra_aliases(env: environ.Env) -> dict[str, dict[str, Any]]:
         config.setdefault("OPTIONS", {})
         # A replica that went away must cost a read a short wait, not the OS's connect timeout.
         config["OPTIONS"].setdefault("connect_timeout", 2)
+        # A member itself, never the pooler: its statements may be prepared.
+        service_postgres(config)
         config["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
         config["CONN_HEALTH_CHECKS"] = True
         config["TEST"] = {"MIRROR": "default"}
