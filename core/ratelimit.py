@@ -12,10 +12,15 @@ A release folds the count into the last statement of its own transaction
 counters' rows stay locked from that statement to the commit, and a tenant's
 writes all meet on its row: folded into the first statement, its concurrent
 writes would queue behind each other for their whole transactions. A refusal
-then rolls the release back (a release is a few short statements; a create,
-whose placement is not, keeps the count on its own, before any work). Whatever
+then rolls the release back (a release is a few short statements). Whatever
 rolls that transaction back rolls the count back too, so the count is then
 made again on its own: every call is counted once, whatever it answered.
+
+A create counts in the statement that reads its pool, which runs on its own
+(autocommit) before the create's transaction, so the counters' rows are held
+for that statement alone (`WriteCount.take`). Its refusal waits until the
+create's own checks (project, sharing mode) have had their say
+(`WriteCount.check_taken`), keeping the contract's order of errors.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ _COUNT_CTE = (
     + ")"
 )
 _COUNTED_COLUMN = "(SELECT json_agg(json_build_array(key, count, seconds)) FROM rate)"
+# What `WriteCount.check_taken` finds before `take`: a bug in the write, not a count of zero.
+_NOT_TAKEN = object()
 
 
 class WriteCount:
@@ -95,6 +102,7 @@ class WriteCount:
     def __init__(self, *, token_id: str, tenant_id: str) -> None:
         self.limits = _limits(token_id=token_id, tenant_id=tenant_id)
         self.checked = False
+        self._taken: list[tuple[Any, ...]] | object = _NOT_TAKEN
 
     def begin(self) -> None:
         self.checked = False
@@ -105,6 +113,18 @@ class WriteCount:
     def check(self, counts: Any) -> None:
         """Refuse (`TooManyRequests`) past a limit; the statement's own count stands otherwise."""
         _refuse_past(self.limits, [tuple(entry) for entry in counts or []])
+        self.checked = True
+
+    def take(self, counts: Any) -> None:
+        """Keep the statement's count, committed already, for `check_taken` once the write's checks pass."""
+        self._taken = [tuple(entry) for entry in counts or []]
+
+    def check_taken(self) -> None:
+        """Refuse (`TooManyRequests`) past a limit, by the count `take` kept."""
+        if self._taken is _NOT_TAKEN:
+            raise RuntimeError("the write's count was never taken")
+        assert isinstance(self._taken, list)
+        _refuse_past(self.limits, self._taken)
         self.checked = True
 
 

@@ -19,7 +19,6 @@ from core.api.rpc import (
     rpc_action,
     rpc_output,
     rpc_tenant_input,
-    rpc_write_count,
     rpc_write_counted,
 )
 from core.api.schema import CURSOR_RULE
@@ -89,10 +88,13 @@ class ReservationsViewSet(RpcViewSet):
         rules=RESERVATION_REQUEST_RULES,
     )
     def create_reservation(self, request: Request) -> Response:
+        # The write is counted in the statement that reads the pool.
         resolved = reservation_request_resolve(
-            principal=principal_of(request), data=request.data, permission=RESERVATIONS_WRITE
+            principal=principal_of(request),
+            data=request.data,
+            permission=RESERVATIONS_WRITE,
+            counted_token_id=str(request.auth.pk),
         )
-        rpc_write_count(request, tenant_id=resolved.request.tenant_id)
         result = reservation_create(request=resolved.request, actor=actor_of(request), pool=resolved.pool)
         reservation = result.reservation
         if result.created:

@@ -33,6 +33,7 @@ from typing import Any
 
 from core.errors import NotFound
 from core.models import Principal
+from core.ratelimit import WriteCount
 from inventory.models import Pool, Project
 from ledger.access import decide_pool, visible_pools
 from reservations.request.parse import check_request_against_pool, parse_reservation_request
@@ -48,13 +49,30 @@ class ResolvedRequest:
     project: Project | None = None
 
 
-def reservation_request_resolve(*, principal: Principal, data: Any, permission: str) -> ResolvedRequest:
-    """Parse, decide on the pool, check the project and the pool's sharing mode (module docstring)."""
+def reservation_request_resolve(
+    *, principal: Principal, data: Any, permission: str, counted_token_id: str | None = None
+) -> ResolvedRequest:
+    """Parse, decide on the pool, check the project and the pool's sharing mode (module docstring).
+
+    A write names the token it is counted against (`counted_token_id`): the
+    count rides in the pool's statement, and RATE_LIMITED comes after every
+    other refusal of the request.
+    """
     request = parse_reservation_request(data)
+    rate = None
+    if counted_token_id is not None:
+        rate = WriteCount(token_id=counted_token_id, tenant_id=request.tenant_id)
     pool = decide_pool(
-        principal=principal, tenant_id=request.tenant_id, pool_id=request.pool_id, permission=permission
+        principal=principal,
+        tenant_id=request.tenant_id,
+        pool_id=request.pool_id,
+        permission=permission,
+        rate=rate,
     )
-    return _resolved(request, pool)
+    resolved = _resolved(request, pool)
+    if rate is not None:
+        rate.check_taken()
+    return resolved
 
 
 def reservation_request_check(request: ReservationRequest) -> ResolvedRequest:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from core.ids import POOL, PROJECT, new_id
 from core.ratelimit import rate_windows_prune
 from inventory.models import Node, Pool
 from reservations.models import Reservation
@@ -84,6 +85,36 @@ def test_every_release_is_counted_once_whatever_it_answered_and_one_past_the_lim
     live.refresh_from_db()
     assert live.state == "active" and live.released_at is None
     assert token_writes(tenant) == 7  # the refused release counted once, not twice
+
+
+@pytest.mark.django_db
+def test_a_create_is_counted_in_the_statement_that_reads_its_pool_and_refused_last(
+    owner_client: APIClient, owned_pool: Pool, gpu_node: Node, settings: Any
+) -> None:
+    """One round trip for the pool and the count; past the limit, the create's own refusals come first."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.API_WRITES_PER_MINUTE_PER_TOKEN = 1
+    tenant = owned_pool.owner_id
+    with CaptureQueriesContext(connection) as capture:
+        assert create(owner_client, owned_pool, "c1").status_code == 201
+    (counted,) = [q["sql"] for q in capture.captured_queries if "core_ratewindow" in q["sql"]]
+    assert "inventory_pool" in counted
+    assert token_writes(tenant) == 1
+    # Past the limit: a pool the tenant cannot see, or a project that is not its own, is
+    # answered as such (and counted), never as RATE_LIMITED.
+    unseen = reservation_body(owned_pool, tenant, key="c2") | {"poolId": new_id(POOL)}
+    missing = post(owner_client, "reservations/create", unseen)
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "NOT_FOUND")
+    stranger = reservation_body(owned_pool, tenant, key="c3") | {"projectId": new_id(PROJECT)}
+    missing = post(owner_client, "reservations/create", stranger)
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "NOT_FOUND")
+    assert token_writes(tenant) == 3
+    refused = create(owner_client, owned_pool, "c4")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "RATE_LIMITED")
+    assert not Reservation.objects.filter(idempotency_key="c4").exists()
+    assert token_writes(tenant) == 4
 
 
 @pytest.mark.django_db
