@@ -139,3 +139,47 @@ def test_guard6_a_node_that_lost_its_record_is_resynced_on_demand() -> None:
     for device in Device.objects.filter(node=node):
         assert [holder for holder, _, _ in daemon_holdings(device_uid=device.uid)] == [reservation.id]
     assert [claims.resources for claims in daemon_claims(reservation_id=reservation.pk)] == [{"vcpu": 4}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_guard6_a_delivery_reads_only_the_holders_that_could_overlap_and_still_sees_those_that_do() -> None:
+    """An atom booked again and again keeps every earlier holder's row; a delivery reads none of those."""
+    from reservations.delivery.daemon.assign import _assignments_and_holdings
+
+    pool = PoolFactory()
+    node = one_node(pool, 1)
+    device = Device.objects.get(node=node)
+    now = compute_now()
+    with connection.cursor() as cursor:
+        for index in range(5):  # earlier holders, each ended before the next booking starts
+            cursor.execute(
+                "INSERT INTO fake_daemon_assignments"
+                " (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                [
+                    node.id,
+                    device.uid,
+                    f"rsv_old{index}",
+                    f"alloc_old{index}",
+                    now - timedelta(hours=10 - index),
+                    now - timedelta(hours=9 - index),
+                ],
+            )
+    reservation, _ = reservation_create(request=gpu_request(pool, 1), actor="t")
+    reservation.refresh_from_db()
+    assert reservation.state == "active"
+    _, held = _assignments_and_holdings(reservation.id, [node.id])
+    assert {holder for _, holder, _, _, _ in held[node.id][device.uid]} == {reservation.id}
+    # A holder that does overlap is still read, so the daemon still refuses it.
+    later = reservation_create(
+        request=gpu_request(pool, 1, start_ms=int((now + timedelta(days=2)).timestamp() * 1000)), actor="t"
+    ).reservation
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO fake_daemon_assignments"
+            " (node_id, device_uid, reservation_id, allocation_id, starts_at, ends_at)"
+            " VALUES (%s, %s, 'rsv_forged', 'alloc_forged', %s, %s)",
+            [node.id, device.uid, now + timedelta(days=2), now + timedelta(days=3)],
+        )
+    _, held = _assignments_and_holdings(later.id, [node.id])
+    assert "rsv_forged" in {holder for _, holder, _, _, _ in held[node.id][device.uid]}

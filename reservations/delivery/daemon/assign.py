@@ -198,6 +198,9 @@ UNION ALL
 SELECT false, f.node_id, f.allocation_id, NULL::jsonb, NULL::jsonb, f.device_uid, f.starts_at, f.ends_at,
        f.id, f.reservation_id
   FROM fake_daemon_assignments f WHERE (f.node_id, f.device_uid) IN (SELECT node_id, uid FROM mine)
+   -- Another holder that ended before this reservation's first booking starts overlaps none
+   -- of them: an atom booked again and again would otherwise bring every earlier holder back.
+   AND (f.reservation_id = %(reservation)s OR f.ends_at > (SELECT min(lo) FROM mine))
  ORDER BY 1 DESC, 2, 3, 6, 9
 """
 
