@@ -46,12 +46,19 @@ def in_process_requests() -> Iterator[None]:
     Django closes database connections when a request finishes; schemathesis
     calls the WSGI application directly, so that would close the connection
     the test's transaction lives on.
+
+    Schemathesis never closes the responses it reads, so `request_finished`
+    never comes, and a create's deliveries, held until the response is written
+    (`reservations.delivery.outbox`), would stay held on this thread for the
+    tests that follow. At the end the signal is sent once, as a server closing
+    those responses would.
     """
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
     try:
         yield
     finally:
+        request_finished.send(sender=None)
         request_started.connect(close_old_connections)
         request_finished.connect(close_old_connections)
 
