@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from rich.console import Console
@@ -34,3 +35,18 @@ class _Step:
         self.clock.steps[self.name] = round(took, 2)
         total = time.monotonic() - self.clock.started
         console.print(f"  [green]✓[/] {self.name}: {took:.1f}s (total {total:.0f}s)")
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a local process (`/proc/<pid>/stat`), or None when it cannot be read.
+
+    Read from the kernel, so measuring a database backend sends it nothing;
+    the kernel counts in clock ticks (10 ms at 100 Hz), so only a mean over
+    many requests means anything.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

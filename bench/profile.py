@@ -25,6 +25,10 @@ Nothing in the product is changed: the originals are put back when it ends.
 The COMMIT itself is not a statement the wrapper sees (Django commits on the
 connection, not through a cursor): its wait is in "commit: transaction"'s
 time but not in its SQL milliseconds.
+
+Where the database runs on this machine, the CPU its backend spent on each
+request is read from `/proc` (`bench.clock.proc_cpu_seconds`, no statement
+sent): the database's share of the work, beside the process's own.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.clock import proc_cpu_seconds
 from bench.load import one_gpu_hour
 
 SAMPLES = 200
@@ -60,6 +65,7 @@ SEAMS: tuple[tuple[str, str, str], ...] = (
     ("reservations.request.resolve", "decide_pool", "decision"),
     ("core.api.rpc", "decide_tenant", "decision"),
     ("core.api.rpc", "writes_count", "rate limit"),
+    ("core.ratelimit", "writes_count", "rate limit"),
     ("reservations.services", "_existing", "idempotency"),
     ("reservations.placer.commit", "placement_plan", "planning"),
     ("reservations.placer.commit", "plan_commit", "commit: bookings"),
@@ -215,11 +221,14 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _summary(samples: list[tuple[float, _Sample]], cpus: list[float]) -> dict[str, Any]:
+def _summary(
+    samples: list[tuple[float, _Sample]], cpus: list[float], db_cpus: list[float] | None = None
+) -> dict[str, Any]:
     """p50 and mean of the request and of each stage; a stage's share is its mean over the request's.
 
     `cpus`: each request's CPU time in this process (`time.process_time`), the
     figure that travels from machine to machine (the database's work is not in it).
+    `db_cpus`: each request's CPU time in its database backend, where readable.
     """
     totals = [total for total, _ in samples]
     mean_total = statistics.fmean(totals)
@@ -245,6 +254,8 @@ def _summary(samples: list[tuple[float, _Sample]], cpus: list[float]) -> dict[st
         "p50_ms": round(_median(totals) * 1000, 3),
         "mean_ms": round(mean_total * 1000, 3),
         "cpu_p50_ms": round(_median(cpus) * 1000, 3),
+        # A mean: the kernel counts a backend's CPU in clock ticks (see `proc_cpu_seconds`).
+        "db_cpu_mean_ms": round(statistics.fmean(db_cpus) * 1000, 3) if db_cpus else None,
         "statements": round(statistics.fmean([sum(s.statements.values()) for _, s in samples]), 2),
         # A request's own count: the mean also carries the token's look-up, made again once a
         # second (`AUTH_CACHE_SECONDS`) by whichever request comes then.
@@ -264,6 +275,7 @@ def profile_run(
     and, per stage, p50 and mean milliseconds, share of the request (means),
     statements per request and SQL p50 (see `_summary`).
     """
+    from django.db import connection
     from django.test import Client
     from django.test.utils import override_settings
 
@@ -271,17 +283,28 @@ def profile_run(
     profiler = Profiler()
     kept: dict[str, list[tuple[float, _Sample]]] = {"create": [], "release": []}
     cpus: dict[str, list[float]] = {"create": [], "release": []}
+    db_cpus: dict[str, list[float]] = {"create": [], "release": []}
+    connection.ensure_connection()
+
+    def backend_cpu() -> float | None:
+        # The connection the requests run on (persistent: the same backend from call to call).
+        return proc_cpu_seconds(connection.connection.info.backend_pid) if connection.connection else None
+
     stamp = f"{time.time_ns():x}"
 
     def call(
         method: str, body: dict[str, Any], expect: int, keep: bool
     ) -> tuple[float, _Sample, dict[str, Any]]:
         profiler.reset()
+        db_started = backend_cpu()
         started, cpu_started = time.perf_counter(), time.process_time()
         response = client.post(f"/api/compute/reservations/{method}", json.dumps(body), "application/json")
         took = time.perf_counter() - started
         if keep:
             cpus[method].append(time.process_time() - cpu_started)
+            db_ended = backend_cpu()
+            if db_started is not None and db_ended is not None:
+                db_cpus[method].append(db_ended - db_started)
         answer: dict[str, Any] = json.loads(response.content)
         if response.status_code != expect:
             raise RuntimeError(f"reservations/{method} answered {response.status_code}: {answer}")
@@ -301,7 +324,7 @@ def profile_run(
             took, sample, _ = call("release", ref, 200, index >= warmup)
             if index >= warmup:
                 kept["release"].append((took, sample))
-    return {"samples": samples, **{op: _summary(rows, cpus[op]) for op, rows in kept.items()}}
+    return {"samples": samples, **{op: _summary(rows, cpus[op], db_cpus[op]) for op, rows in kept.items()}}
 
 
 def print_profile(profile: dict[str, Any], *, title: str = TITLE) -> None:
@@ -336,6 +359,15 @@ def print_profile(profile: dict[str, Any], *, title: str = TITLE) -> None:
         whole += ["100 %", f"{op['p50_ms']:.2f}", "", f"{op['cpu_p50_ms']:.2f}", f"{op['statements']:g}"]
     table.add_row("whole request", *whole, style="bold")
     console.print(table)
+    console.print(f"  {database_cpu_line(profile)}")
+
+
+def database_cpu_line(profile: dict[str, Any]) -> str:
+    """The database backend's CPU per create and per release, or why there is none."""
+    create, release = profile["create"]["db_cpu_mean_ms"], profile["release"]["db_cpu_mean_ms"]
+    if create is None or release is None:
+        return "database CPU: not readable (the server is not a process of this machine)"
+    return f"database CPU per create {create:.2f} ms, per release {release:.2f} ms (mean, from /proc)"
 
 
 def _main_pool() -> tuple[str, str]:
@@ -361,36 +393,57 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from bench.clock import Clock
+
+    clock = Clock()
+    with main_pool_ready(nodes=args.nodes, reuse_db=args.reuse_db, keep_db=args.keep_db, clock=clock) as (
+        token,
+        tenant,
+        pool_id,
+    ):
+        with clock.step(f"profile: {args.samples} creates + releases"):
+            profile = profile_run(token=token, tenant_id=tenant, pool_id=pool_id, samples=args.samples)
+        print_profile(
+            profile, title=f"{args.nodes:,} nodes: where one create and one release spend their time"
+        )
+        if args.json:
+            console.print_json(json.dumps(profile))
+
+
+@contextmanager
+def main_pool_ready(
+    *, nodes: int, reuse_db: bool, keep_db: bool, clock: Any
+) -> Iterator[tuple[str, str, str]]:
+    """A fleet of `nodes` (or the kept one) with Django on it: (a member token, its tenant, the main pool).
+
+    Dropped at the end unless kept or reused. Shared by the commands that
+    measure one create and release at a time (`bench.profile`, `bench.binding`).
+    """
+    from django.db import connections
+
     from bench.database import BENCH_DB, database_drop, database_recreate, server_find
     from bench.fleet import django_setup, fleet_build, pool_ids, tokens_issue
 
-    clock = Clock()
     server = server_find()
-    if not args.reuse_db:
+    if not reuse_db:
         database_recreate(server=server)
     django_setup(server)
-    if args.reuse_db:
+    if reuse_db:
         tenant, pool_id = _main_pool()
     else:
         from reservations.rollups.recount import rollup_rebuild_all
 
-        fleet = fleet_build(server=server, nodes=args.nodes, clock=clock)
-        with clock.step(f"{args.nodes} nodes: rebuild_rollups"):
+        fleet = fleet_build(server=server, nodes=nodes, clock=clock)
+        with clock.step(f"{nodes} nodes: rebuild_rollups"):
             rollup_rebuild_all()
         tenant, pool_id = pool_ids(fleet)["main"]
-    token = tokens_issue()[tenant]
-    with clock.step(f"profile: {args.samples} creates + releases"):
-        profile = profile_run(token=token, tenant_id=tenant, pool_id=pool_id, samples=args.samples)
-    print_profile(profile, title=f"{args.nodes:,} nodes: where one create and one release spend their time")
-    if args.json:
-        console.print_json(json.dumps(profile))
-    from django.db import connections
-
-    connections.close_all()
-    if not args.keep_db and not args.reuse_db:
-        database_drop(server=server)
-    if args.keep_db or args.reuse_db:
-        console.print(f"  kept {BENCH_DB}")
+    try:
+        yield tokens_issue()[tenant], tenant, pool_id
+    finally:
+        connections.close_all()
+        if not keep_db and not reuse_db:
+            database_drop(server=server)
+        else:
+            console.print(f"  kept {BENCH_DB}")
 
 
 if __name__ == "__main__":

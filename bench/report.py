@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.charts import chart_earliest, chart_preview, chart_reads, chart_throughput
-from bench.profile import FRAMEWORK, STAGES
+from bench.profile import FRAMEWORK, STAGES, database_cpu_line
 from bench.targets import targets
 
 # The page's longer notes, as they read on it.
@@ -296,6 +296,8 @@ def _profile_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
             f"| **whole request** | 100% | {create['p50_ms']:.2f} | | {create['cpu_p50_ms']:.2f}"
             f" | {create['statements']:g} | 100% | {release['p50_ms']:.2f} | |"
             f" {release['cpu_p50_ms']:.2f} | {release['statements']:g} |",
+            "",
+            database_cpu_line(profile) + ".",
             "",
         ]
     return lines

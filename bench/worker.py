@@ -32,6 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.clock import proc_cpu_seconds
 from bench.database import BASE_DIR
 
 IDLE_SECONDS = 60.0
@@ -76,16 +77,6 @@ def schedule_query(samples: int = SCHEDULE_SAMPLES) -> dict[str, float]:
         "p50_ms": round(statistics.median(runs), 3),
         "p99_ms": round(runs[min(len(runs) - 1, int(len(runs) * 0.99))], 3),
     }
-
-
-def _proc_cpu(pid: int) -> float | None:
-    """User + system CPU seconds of a local process, or None when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _backend_pids() -> list[int]:
@@ -147,12 +138,12 @@ def worker_cpu(*, database_url: str, seconds: float = IDLE_SECONDS) -> dict[str,
             calm = calm + 1 if _settled(holder_suffix) else 0
             time.sleep(0.5)
         backends = _backend_pids()
-        cpu0 = _proc_cpu(process.pid)
-        db0 = [_proc_cpu(pid) for pid in backends]
+        cpu0 = proc_cpu_seconds(process.pid)
+        db0 = [proc_cpu_seconds(pid) for pid in backends]
         passes0 = _passes()
         time.sleep(seconds)
-        cpu1 = _proc_cpu(process.pid)
-        db1 = [_proc_cpu(pid) for pid in backends]
+        cpu1 = proc_cpu_seconds(process.pid)
+        db1 = [proc_cpu_seconds(pid) for pid in backends]
         passes1 = _passes()
     finally:
         process.send_signal(signal.SIGTERM)
