@@ -45,6 +45,14 @@ ON CONFLICT (key, window_start) DO UPDATE SET count = w.count + 1
 RETURNING w.key, w.count,
           ceil(extract(epoch FROM w.window_start + %(window)s * interval '1 second' - now()))::int AS seconds
 """
+# A count committed on its own does not wait for its commit to reach the disk (or a synchronous
+# standby): a crash may forget the last moment's counts, which a rate limit can afford, and the
+# next synchronous commit (the create's own) flushes it anyway. `set_config(..., true)` lasts
+# for the statement's own transaction only; the CTE is MATERIALIZED and joined so it runs once.
+_UNSYNCED = "unsynced AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))"
+_COUNT_SQL_UNSYNCED = _COUNT_SQL.replace(
+    "FROM unnest(%(keys)s::varchar[]) AS k", "FROM unnest(%(keys)s::varchar[]) AS k, unsynced"
+)
 
 
 def _limits(*, token_id: str, tenant_id: str) -> dict[str, int]:
@@ -57,10 +65,15 @@ def _limits(*, token_id: str, tenant_id: str) -> dict[str, int]:
 def writes_count(*, token_id: str, tenant_id: str) -> None:
     """Count one write for the token and the tenant; `TooManyRequests` if either is past its limit."""
     limits = _limits(token_id=token_id, tenant_id=tenant_id)
+    sql = _COUNT_SQL if _in_transaction() else f"WITH {_UNSYNCED} {_COUNT_SQL_UNSYNCED}"
     with connection.cursor() as cursor:
-        cursor.execute(_COUNT_SQL, {"keys": sorted(limits), "window": WINDOW_SECONDS})
+        cursor.execute(sql, {"keys": sorted(limits), "window": WINDOW_SECONDS})
         counts = cursor.fetchall()
     _refuse_past(limits, counts)
+
+
+def _in_transaction() -> bool:
+    return connection.in_atomic_block or not connection.get_autocommit()
 
 
 def _refuse_past(limits: dict[str, int], counts: list[Any]) -> None:
@@ -81,6 +94,14 @@ _COUNT_CTE = (
     + _COUNT_SQL.replace("%(keys)s", "%(rate_keys)s").replace("%(window)s", "%(rate_window)s").strip()
     + ")"
 )
+# The same, for a statement that runs on its own (autocommit): `unsynced, rate` in its WITH.
+_COUNT_CTE_ALONE = (
+    f"{_UNSYNCED}, rate AS ("
+    + _COUNT_SQL_UNSYNCED.replace("%(keys)s", "%(rate_keys)s")
+    .replace("%(window)s", "%(rate_window)s")
+    .strip()
+    + ")"
+)
 _COUNTED_COLUMN = "(SELECT json_agg(json_build_array(key, count, seconds)) FROM rate)"
 # What `WriteCount.check_taken` finds before `take`: a bug in the write, not a count of zero.
 _NOT_TAKEN = object()
@@ -98,6 +119,13 @@ class WriteCount:
 
     cte = _COUNT_CTE
     column = _COUNTED_COLUMN
+
+    @staticmethod
+    def cte_for_connection() -> str:
+        """The count's CTE: in a transaction, `cte`; for a statement on its own, one whose commit need
+        not wait for the disk (`_UNSYNCED`), never in a write's transaction, whose commit must.
+        """
+        return _COUNT_CTE if _in_transaction() else _COUNT_CTE_ALONE
 
     def __init__(self, *, token_id: str, tenant_id: str) -> None:
         self.limits = _limits(token_id=token_id, tenant_id=tenant_id)

@@ -53,8 +53,9 @@ def decide_pool(
             row = cursor.fetchone()
         else:
             # The count's row comes back whether the pool is visible or not (the LEFT JOIN).
+            cte = rate.cte_for_connection()
             cursor.execute(
-                f"WITH {rate.cte} SELECT {rate.column}, {model_columns(Pool, 'p')}"
+                f"WITH {cte} SELECT {rate.column}, {model_columns(Pool, 'p')}"
                 f" FROM (SELECT) AS one LEFT JOIN inventory_pool p ON {_VISIBLE}",
                 params | rate.params(),
             )

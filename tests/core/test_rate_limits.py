@@ -151,3 +151,31 @@ def test_old_windows_are_pruned(owner_client: APIClient, owned_pool: Pool, gpu_n
     with connection.cursor() as cursor:
         cursor.execute("UPDATE core_ratewindow SET window_start = window_start - interval '2 hours'")
     assert rate_windows_prune() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_count_on_its_own_commits_without_waiting_for_the_disk_and_a_write_s_transaction_still_waits(
+    owner_client: APIClient, owned_pool: Pool, gpu_node: Node
+) -> None:
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from core.ratelimit import writes_count
+
+    def synchronous_commit() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            return str(cursor.fetchone()[0])
+
+    with CaptureQueriesContext(connection) as capture:
+        writes_count(token_id="tok_alone", tenant_id="acme")
+        assert create(owner_client, owned_pool, "unsynced").status_code == 201
+    counts = [q["sql"] for q in capture.captured_queries if "core_ratewindow" in q["sql"]]
+    assert len(counts) == 2 and all("'synchronous_commit', 'off', true" in sql for sql in counts)
+    assert synchronous_commit() == "on"  # for that statement's own transaction only
+    with transaction.atomic(), CaptureQueriesContext(connection) as capture:
+        writes_count(token_id="tok_inside", tenant_id="acme")
+        assert synchronous_commit() == "on"
+    (inside,) = [q["sql"] for q in capture.captured_queries if "core_ratewindow" in q["sql"]]
+    assert "synchronous_commit" not in inside
+    assert token_writes("acme") == 3
