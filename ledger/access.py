@@ -7,6 +7,8 @@ are visible to their owner only.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
@@ -45,7 +47,7 @@ def decide_pool(
     """
     decide_tenant(principal=principal, tenant_id=tenant_id, permission=permission)
     # `visible_pools` as one plain query (every create and preview asks it: no queryset built).
-    params: dict[str, object] = {"pool": pool_id, "tenant": tenant_id}
+    params: dict[str, Any] = {"pool": pool_id, "tenant": tenant_id}
     with connection.cursor() as cursor:
         if rate is None:
             columns = model_columns(Pool, "p")

@@ -21,7 +21,8 @@ from django.db.backends.postgresql import base
 class DatabaseWrapper(base.DatabaseWrapper):
     def close_if_health_check_failed(self) -> None:
         """Django's check, skipped while the idle connection's socket has nothing to read."""
-        if self.connection is None or not self.health_check_enabled or self.health_check_done:
+        checks = getattr(self, "health_check_enabled", False)  # set by Django's connect()
+        if self.connection is None or not checks or getattr(self, "health_check_done", False):
             return
         if not self._socket_has_news():
             self.health_check_done = True
