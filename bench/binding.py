@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.profile import main_pool_ready, profile_run
+from bench.profile import fleet_arguments, main_pool_ready, profile_run
 
 console = Console()
 
@@ -101,11 +101,9 @@ def print_binding(result: dict[str, Any], *, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.binding", description=__doc__)
-    parser.add_argument("--nodes", type=int, default=1_000, help="fleet size (8 GPUs per node)")
+    fleet_arguments(parser)
     parser.add_argument("--rounds", type=int, default=5, help="turns of the four ways")
     parser.add_argument("--samples", type=int, default=60, help="creates + releases per way and round")
-    parser.add_argument("--keep-db", action="store_true", help="keep the benchmark database after the run")
-    parser.add_argument("--reuse-db", action="store_true", help="use the kept benchmark database")
     args = parser.parse_args(argv)
 
     from bench.clock import Clock

@@ -383,12 +383,8 @@ def _main_pool() -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> None:
     """`python -m bench.profile --nodes N`: a fleet of its own (or the kept one), and only the profile."""
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    parser.add_argument("--nodes", type=int, default=1_000, help="fleet size (8 GPUs per node)")
+    fleet_arguments(parser)
     parser.add_argument("--samples", type=int, default=SAMPLES, help="creates + releases profiled")
-    parser.add_argument("--keep-db", action="store_true", help="keep the benchmark database after the run")
-    parser.add_argument(
-        "--reuse-db", action="store_true", help="profile the kept benchmark database; build nothing"
-    )
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON too")
     args = parser.parse_args(argv)
 
@@ -407,6 +403,15 @@ def main(argv: list[str] | None = None) -> None:
         )
         if args.json:
             console.print_json(json.dumps(profile))
+
+
+def fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--nodes`, `--keep-db` and `--reuse-db`: what `main_pool_ready` takes from the command line."""
+    parser.add_argument("--nodes", type=int, default=1_000, help="fleet size (8 GPUs per node)")
+    parser.add_argument("--keep-db", action="store_true", help="keep the benchmark database after the run")
+    parser.add_argument(
+        "--reuse-db", action="store_true", help="use the kept benchmark database; build nothing"
+    )
 
 
 @contextmanager
