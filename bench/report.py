@@ -315,6 +315,8 @@ def _worker_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
         "",
         "One pass of every job, due or not (`WorkerLoop.run_once`): the first after the fleet was written,",
         "then a steady one. The loop runs a job only when it falls due; this is the cost of all of them at once.",
+        "BookingRepair's first run scans the whole fleet; the steady one looks at the nodes changes named",
+        "(`RepairRequest`) and at the marked reservations, as every run between two scans does.",
         "",
         "| job | first pass s | did | steady pass s | did |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -327,6 +329,13 @@ def _worker_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
         )
     lines.append(f"| whole pass | {first['total_s']:.3f} | | {steady['total_s']:.3f} | |")
     schedule = worker["schedule"]
+    scan = worker.get("repair_fleet_scan")
+    if scan:
+        lines += [
+            "",
+            f"BookingRepair's whole-fleet scan, run on its own after the passes (a worker's first run, then"
+            f" every `CAPACITY_REPAIR_FLEET_SCAN_SECONDS`): {scan['seconds']:.3f} s, {scan['count']} changed.",
+        ]
     lines += [
         "",
         f"The schedule query (`next_deadline()`, run on every wake): p50 {schedule['p50_ms']:.2f} ms, p99 {schedule['p99_ms']:.2f} ms.",

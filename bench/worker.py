@@ -6,7 +6,11 @@ runs only this.
 
 * **A pass**: `WorkerLoop.run_once()`, every job once whether due or not,
   timed per job, twice: the first catches up whatever fell due since the
-  fleet was written, the second is the steady pass.
+  fleet was written, the second is the steady pass. BookingRepair's first
+  run scans the whole fleet; the steady one looks where changes named and at
+  the marked reservations, as every run does between the scans. The
+  whole-fleet scan (every `CAPACITY_REPAIR_FLEET_SCAN_SECONDS`) is then
+  timed on its own.
 * **The schedule**: `next_deadline()`, the one query the loop runs on each wake.
 * **CPU per minute**: `manage.py worker` as its own process for a minute,
   once its start is over (what was due at start has run): its CPU (user +
@@ -61,6 +65,15 @@ def worker_pass() -> dict[str, Any]:
             for r in results
         },
     }
+
+
+def repair_fleet_scan() -> dict[str, Any]:
+    """BookingRepair's whole-fleet scan, once, on the fleet as the passes left it: seconds and changes."""
+    from reservations.lifecycle.repair_sweep import bookings_repair
+
+    started = time.perf_counter()
+    changed = bookings_repair(fleet=True)
+    return {"seconds": round(time.perf_counter() - started, 3), "count": changed}
 
 
 def schedule_query(samples: int = SCHEDULE_SAMPLES) -> dict[str, float]:
@@ -188,6 +201,12 @@ def print_worker(size: dict[str, Any]) -> None:
         )
     table.add_row("whole pass", f"{first['total_s']:.3f}", "", f"{steady['total_s']:.3f}", "")
     console.print(table)
+    scan = worker.get("repair_fleet_scan")
+    if scan:
+        console.print(
+            f"  BookingRepair's whole-fleet scan (every CAPACITY_REPAIR_FLEET_SCAN_SECONDS):"
+            f" {scan['seconds']:.3f} s, {scan['count']} changed"
+        )
     schedule = worker["schedule"]
     console.print(f"  next_deadline(): p50 {schedule['p50_ms']:.2f} ms, p99 {schedule['p99_ms']:.2f} ms")
     for label in ("idle", "steady"):
@@ -241,6 +260,7 @@ def worker_measure(
     with clock.step(f"{nodes} nodes: the worker, one pass of every job x2"):
         out["first_pass"] = worker_pass()
         out["steady_pass"] = worker_pass()
+        out["repair_fleet_scan"] = repair_fleet_scan()
         out["schedule"] = schedule_query()
     with clock.step(f"{nodes} nodes: the worker with the fleet's bookings for {seconds:.0f}s"):
         out["cpu_steady"] = worker_cpu(database_url=database_url, seconds=seconds)

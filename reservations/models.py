@@ -66,8 +66,7 @@ class Reservation(models.Model):
     notice_ends_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
     release_reason = models.TextField(blank=True)
-    # BookingRepair: set when a booking of this reservation sits on a node or atom
-    # that left the schedulable set and could not be moved (or is running there).
+    # BookingRepair: a booking sits on an atom that left the schedulable set and cannot move.
     at_risk_reason = models.TextField(blank=True)
     at_risk_since = models.DateTimeField(null=True, blank=True)
     # The pool's `freed` count BookingRepair read before its last failed attempt to move this
@@ -129,8 +128,7 @@ class Allocation(models.Model):
     node = models.ForeignKey("inventory.Node", on_delete=models.PROTECT, related_name="allocations")
     # {"vcpu": 16, "memoryGiB": 128, "hugepages1Gi": 0}; given back on release.
     resources = models.JSONField(default=dict, blank=True)
-    # What the node's agent gave the workload when it accepted the assignment:
-    # {"cpus": [0, 1, ...], "numaNodes": [0], "gpuLocal": true}; null until it says.
+    # What the node's agent gave the workload: {"cpus": [0, 1], "numaNodes": [0], "gpuLocal": true}.
     placement = models.JSONField(null=True, blank=True)
     released = models.BooleanField(default=False)
     created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
@@ -183,10 +181,8 @@ class DeviceBooking(models.Model):
     window = models.ForeignKey(
         "MaintenanceWindow", null=True, blank=True, on_delete=models.PROTECT, related_name="bookings"
     )
-    # The pool of the device's node, always: set by the `device_bookings_pool` trigger on
-    # insert and kept when a node or device moves (migration 0010). It is the distribution
-    # column a sharded PostgreSQL (Citus, keyed by pool) needs in the exclusion constraint;
-    # here it changes nothing that constraint refuses, since a device is in one pool.
+    # The pool of the device's node, always (the `device_bookings_pool` trigger, migration 0010):
+    # the distribution column a sharded PostgreSQL (Citus, keyed by pool) needs in guard 1.
     pool_id = models.CharField(max_length=64, editable=False)
     # Overwritten on insert by the `device_bookings_phase` trigger (migration 0006).
     phase = models.PositiveSmallIntegerField(choices=BookingPhase.choices, db_default=BookingPhase.FUTURE)
@@ -218,12 +214,9 @@ class DeviceBooking(models.Model):
             models.Index(fields=["window"], name="booking_window", condition=Q(window__isnull=False)),
             # The timeline and the rebuild scan bookings by time, not by device.
             GistIndex(fields=["during"], name="booking_during"),
-            # The placer's "is this atom free for the window" probe, once per
-            # candidate atom: a btree descent on (device, end) skips the atom's
-            # history and reads only bookings that end after the window starts
-            # (`during` is included so the overlap is checked in the index). A
-            # GiST probe of the exclusion index costs several times more per atom
-            # (about 7x at 10,000 nodes and a million bookings; see docs/benchmarks.md).
+            # The placer's "is this atom free for the window" probe, once per candidate atom:
+            # (device, end) skips the atom's history, `during` is included for the overlap
+            # check; a GiST probe of guard 1's index costs about 7x more at 10,000 nodes.
             models.Index(
                 models.F("device"),
                 Coalesce(Upper("during"), Cast(models.Value("infinity"), models.DateTimeField())),
@@ -336,9 +329,8 @@ class NodeAtomCount(models.Model):
     free = models.GeneratedField(
         expression=F("atoms") - F("running"), output_field=models.IntegerField(), db_persist=True
     )
-    # A fixed pseudo-random order of the nodes within one `free` value: a plan
-    # reads the index from a random point of it, so concurrent plans start at
-    # different nodes and each reads a bounded slice (`placer.filters.candidates_sql`).
+    # A fixed pseudo-random order of the nodes within one `free` value: concurrent plans start
+    # reading the index at different points (`placer.filters.candidates_sql`).
     spread = models.GeneratedField(
         expression=Func(F("node_id"), function="hashtext"),
         output_field=models.IntegerField(),
@@ -430,8 +422,7 @@ class NodeChange(models.Model):
         return f"{self.kind} {self.reservation_id} on {self.node_id}"
 
 
-# The counts of a rollup row, in the contract's order; the API, the CLI and the
-# admin all show these columns.
+# The counts of a rollup row, in the contract's order (the API, the CLI and the admin).
 ROLLUP_COUNTS = (
     "total",
     "allocatable",
@@ -466,9 +457,8 @@ class PoolCapacityRollup(models.Model):
     )
     updated_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
     rebuilt_at = models.DateTimeField(null=True, blank=True)
-    # How many writes gave capacity back to this row (a negative allocated or reserved delta, a
-    # rise of allocatable, a rebuild): only grows. BookingRepair tries an at-risk reservation
-    # again once its pool's sum has grown (`reservations.lifecycle.repair`).
+    # How many writes gave capacity back to this row (only grows): BookingRepair tries an
+    # at-risk reservation again once its pool's sum has grown (`reservations.lifecycle.repair`).
     freed = models.BigIntegerField(db_default=0)
 
     class Meta:
@@ -490,3 +480,20 @@ class PoolCapacityRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool_id} {self.resource}"
+
+
+class RepairRequest(models.Model):
+    """A node whose booked atoms left the counted set, written by the change's transaction.
+
+    BookingRepair's next run looks at its bookings and deletes the rows it read.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    node = models.ForeignKey("inventory.Node", on_delete=models.CASCADE, related_name="+")
+    requested_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
+
+    class Meta:
+        db_table = "repair_requests"
+
+    def __str__(self) -> str:
+        return f"repair {self.node_id}"

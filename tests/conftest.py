@@ -7,6 +7,7 @@ through the real bearer authentication and the real decisions.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -138,3 +139,17 @@ def _forget_remembered_tokens() -> Iterator[None]:
     auth_cache_forget()
     yield
     auth_cache_forget()
+
+
+@pytest.fixture(autouse=True)
+def _fleet_just_scanned() -> Iterator[None]:
+    """BookingRepair runs as in a worker that scanned the whole fleet a moment ago.
+
+    So a test's `bookings_repair()` finds new problems only where a change
+    named them (`RepairRequest`), as every run between the periodic scans
+    does; a test of the scan passes `fleet=True`.
+    """
+    from reservations.lifecycle import repair_sweep
+
+    repair_sweep._FLEET_SCAN.at = time.monotonic()
+    yield

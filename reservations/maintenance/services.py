@@ -34,7 +34,7 @@ from inventory.models import Node
 from reservations.lifecycle.repair import LOST_DEADLOCK, reservation_repair_or_later
 from reservations.maintenance.windows import iso, window_conflicts, windows_overlapping
 from reservations.models import MaintenanceWindow, MaintenanceWindowNode, MaintenanceWindowState, Reservation
-from reservations.nodes.changes import REPAIR_WAKE
+from reservations.nodes.changes import REPAIR_WAKE, repair_requested
 from reservations.rollups.deltas import rollup_capacity_freed
 
 __all__ = [
@@ -209,8 +209,8 @@ def _repair_conflicts(window: MaintenanceWindow, node_ids: list[str]) -> list[Co
         else:
             group, to_nodes = STUCK, ()
         if outcome.action is None and not reservation.at_risk_since:
-            # Held by another transaction right now: the worker's sweep takes it next.
-            _wake_worker()
+            # Held by another transaction right now: the worker's next run looks at the window's nodes.
+            repair_requested(node_ids)
         outcomes.append(
             ConflictOutcome(
                 reservation_id=reservation_id,

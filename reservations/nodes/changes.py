@@ -14,10 +14,12 @@ here). In the same transaction it:
   rebuild in any fleet state;
 * wakes the creates waiting on a pool whose capacity rose (an uncordon, an
   untaint, a reconnect, a device healthy again, new inventory);
-* asks the worker for BookingRepair (`pg_notify(WORKER_CHANNEL, 'repair')`)
-  when atoms carrying FUTURE or RUNNING bookings left the counted set, and when
-  capacity came back to a node already counted (an at-risk mark then clears at
-  the worker's next pass, not after the releases' cooldown).
+* asks the worker for BookingRepair (`repair_requested`: a `RepairRequest`
+  row naming each node, and `pg_notify(WORKER_CHANNEL, 'repair')`) when atoms
+  carrying FUTURE or RUNNING bookings left the counted set, and when capacity
+  came back to a node already counted (an at-risk mark then clears at the
+  worker's next pass, not after the releases' cooldown). The run reads the
+  named nodes' bookings, not the fleet's.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from reservations.rollups.counts import COUNT_COLUMNS, NODES_COUNT_SQL
 from reservations.rollups.deltas import rollup_apply_count_deltas, rollup_rows_drop_unused
 from reservations.waits import notify_release
 
-__all__ = ["node_set_connectivity", "nodes_changing", "nodes_contribution"]
+__all__ = ["node_set_connectivity", "nodes_changing", "nodes_contribution", "repair_requested"]
 
 Counts = dict[tuple[str, str], dict[str, int]]
 
@@ -62,7 +64,24 @@ def nodes_contribution(node_ids: list[str]) -> Counts:
         }
 
 
-def _apply(before: Counts, after: Counts) -> None:
+def repair_requested(node_ids: Iterable[str]) -> None:
+    """Ask BookingRepair to look at these nodes' bookings: one row each, seen when this transaction commits.
+
+    One row per node and change (no upsert): a run deletes only the rows it
+    read, so a change committed while it ran is looked at by the next one.
+    """
+    ids = sorted(set(node_ids))
+    if not ids:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "WITH named AS (INSERT INTO repair_requests (node_id) SELECT unnest(%s::varchar[]))"
+            " SELECT pg_notify(%s, %s)",
+            [ids, WORKER_CHANNEL, REPAIR_WAKE],
+        )
+
+
+def _apply(before: Counts, after: Counts, node_ids: list[str]) -> None:
     """Apply the difference of two counts of the same nodes, then wake who should be woken."""
     deltas: Counts = {}
     dropped: dict[str, list[str]] = {}
@@ -95,8 +114,7 @@ def _apply(before: Counts, after: Counts) -> None:
     for pool_id in sorted(rose):
         notify_release(pool_id=pool_id)
     if repair:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [WORKER_CHANNEL, REPAIR_WAKE])
+        repair_requested(node_ids)
 
 
 # The nodes an enclosing `nodes_changing` already counts: a nested one leaves them to it
@@ -128,7 +146,7 @@ def nodes_changing(node_ids: Iterable[str]) -> Iterator[None]:
         yield
     finally:
         _covered.reset(token)
-    _apply(before, nodes_contribution(ids))
+    _apply(before, nodes_contribution(ids), ids)
 
 
 def node_set_connectivity(

@@ -20,8 +20,8 @@ from rest_framework.test import APIClient
 from core.clock import compute_now
 from core.models import AuditEvent, Tenant
 from inventory.models import Device, Node, Pool
-from inventory.services.nodes import node_cordon
 from ledger.models import QuotaUsage
+from operations.services import node_cordon
 from reservations.delivery.daemon import daemon_holdings
 from reservations.lifecycle.repair_sweep import bookings_repair, repair_candidates
 from reservations.models import ROLLUP_COUNTS, Allocation, DeviceBooking, PoolCapacityRollup, Reservation

@@ -57,9 +57,9 @@ def _recover_and_check(tally: Tally, fleet: Fleet) -> tuple[int, list[str]]:
     redelivered = reservations_redeliver()
     problems = list(tally.failures)
     problems.extend(invariant_problems())
-    # BookingRepair as the worker runs it after the restart: every live booking on an atom
-    # that left the schedulable set is moved or marked at risk.
-    bookings_repair()
+    # BookingRepair as the worker runs it after the restart (its first run scans the whole
+    # fleet): every live booking on an atom that left the schedulable set is moved or marked at risk.
+    bookings_repair(fleet=True)
     problems.extend(check_repaired())
     keys = Counter(Reservation.objects.values_list("idempotency_key", flat=True))
     problems.extend(f"{key}: {n} reservations for one idempotencyKey" for key, n in keys.items() if n > 1)
