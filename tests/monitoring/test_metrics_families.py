@@ -172,6 +172,34 @@ def test_events_are_counted_from_the_audit_trail_and_never_go_down(db: Any) -> N
     assert counts()["reservation_moved"] == 2
 
 
+def test_the_event_counts_settle_mark_is_computed_once_however_many_rows_are_new(db: Any) -> None:
+    """A mass repair writes thousands of audit rows the table's statistics do not know yet: the
+    scrape's count must not compute its settle mark again for each of them (it once took seconds)."""
+    insert = (
+        "INSERT INTO core_auditevent (at, actor, action, subject_type, subject_id, reason, data)"
+        " SELECT compute_now() - make_interval(secs => g), 'test', %s, 'reservation', 'r' || g,"
+        " '', '{}'::jsonb FROM generate_series(1, %s) g"
+    )
+    with connection.cursor() as cursor:
+        # The statistics as a quiet day left them: no counted action in the trail.
+        cursor.execute(insert, ["reservation.create", 50])
+        cursor.execute("ANALYZE core_auditevent")
+        cursor.execute(insert, ["reservation.at-risk", 2000])
+        params = {"after": 0, "settle": events.SETTLE_SECONDS, "actions": list(events.EVENTS_ACTIONS)}
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + events.COUNT_SQL, params)
+        (plan,) = cursor.fetchone()
+
+    def aggregate_loops(node: dict[str, Any]) -> list[int]:
+        own = (
+            [node["Actual Loops"]]
+            if node["Node Type"] == "Aggregate" and node.get("Strategy") == "Plain"
+            else []
+        )
+        return own + [loops for child in node.get("Plans", []) for loops in aggregate_loops(child)]
+
+    assert aggregate_loops(plan[0]["Plan"]) == [1]
+
+
 def test_request_latency_by_method_and_status_and_create_outcomes(
     owner_client: APIClient, owned_pool: Pool, gpu_node: Node
 ) -> None:
