@@ -84,6 +84,24 @@ REASON_PROBLEMS = 5
 # An atom is counted by the rollups when its node is schedulable and it is healthy and bookable.
 COUNTED_SQL = f"({schedulable_sql('n', 'p.owner_id')} AND d.healthy AND d.bookable)"
 
+# A booking still counted somewhere (FUTURE or RUNNING) that has not ended: `b` of `device_bookings`.
+LIVE_BOOKING_SQL = "b.phase IN (0, 1) AND COALESCE(upper(b.during), 'infinity') > compute_now()"
+
+
+def uncounted_bookings_sql(reservation: str) -> str:
+    """FROM and WHERE of the reservation's live bookings on atoms that are not counted (`a b d n p`).
+
+    `reservation` is an SQL expression: a parameter, or a column of an outer query.
+    """
+    return f"""  FROM reservations_allocation a
+  JOIN device_bookings b ON b.allocation_id = a.id
+  JOIN inventory_device d ON d.id = b.device_id
+  JOIN inventory_node n ON n.id = d.node_id
+  JOIN inventory_pool p ON p.id = n.pool_id
+ WHERE a.reservation_id = {reservation} AND NOT a.released AND {LIVE_BOOKING_SQL}
+   AND NOT {COUNTED_SQL}"""
+
+
 # What is wrong with one reservation's live bookings, per atom that is not counted.
 _PROBLEMS_SQL = f"""
 SELECT DISTINCT n.id, n.hostname, {bucket_sql("n", "p.owner_id")} AS bucket,
@@ -91,14 +109,7 @@ SELECT DISTINCT n.id, n.hostname, {bucket_sql("n", "p.owner_id")} AS bucket,
        (SELECT string_agg(t.key || COALESCE(' (' || NULLIF(t.reason, '') || ')', ''), ', ' ORDER BY t.key)
           FROM inventory_taint t WHERE t.node_id = n.id AND t.effect = 'NoSchedule') AS taints,
        d.uid, d.device_class, d.healthy, d.bookable, d.vanished_at IS NOT NULL AS vanished
-  FROM reservations_allocation a
-  JOIN device_bookings b ON b.allocation_id = a.id
-  JOIN inventory_device d ON d.id = b.device_id
-  JOIN inventory_node n ON n.id = d.node_id
-  JOIN inventory_pool p ON p.id = n.pool_id
- WHERE a.reservation_id = %(reservation)s AND NOT a.released AND b.phase IN (0, 1)
-   AND COALESCE(upper(b.during), 'infinity') > compute_now()
-   AND NOT {COUNTED_SQL}
+{uncounted_bookings_sql("%(reservation)s")}
  ORDER BY n.hostname, d.uid
 """
 

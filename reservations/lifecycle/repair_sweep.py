@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from django.db import connection
 
 from core.constants import WORKER_CHANNEL
-from reservations.lifecycle.repair import COUNTED_SQL, reservation_repair_or_later, rows
+from reservations.lifecycle.repair import (
+    COUNTED_SQL,
+    LIVE_BOOKING_SQL,
+    reservation_repair_or_later,
+    rows,
+    uncounted_bookings_sql,
+)
 from reservations.maintenance.windows import IN_WINDOW_RESERVATIONS_SQL
 
 logger = logging.getLogger(__name__)
@@ -36,15 +42,7 @@ _NAMED = " AND n.id = ANY(%(nodes)s::varchar[])"
 # Whether the marked reservation `r` still has a live booking on an atom that is not counted, read
 # through its own allocations (by index), or one inside a live maintenance window.
 _STILL_AT_RISK_SQL = f"""(
-    EXISTS (SELECT 1
-              FROM reservations_allocation a
-              JOIN device_bookings b ON b.allocation_id = a.id
-              JOIN inventory_device d ON d.id = b.device_id
-              JOIN inventory_node n ON n.id = d.node_id
-              JOIN inventory_pool p ON p.id = n.pool_id
-             WHERE a.reservation_id = r.id AND NOT a.released AND b.phase IN (0, 1)
-               AND COALESCE(upper(b.during), 'infinity') > compute_now()
-               AND NOT {COUNTED_SQL})
+    EXISTS (SELECT 1 {uncounted_bookings_sql("r.id")})
     OR EXISTS (SELECT 1 FROM in_window w WHERE w.id = r.id))"""
 
 
@@ -75,9 +73,7 @@ fresh AS MATERIALIZED (
       FROM (SELECT a.reservation_id AS id
               FROM device_bookings b
               JOIN reservations_allocation a ON a.id = b.allocation_id
-             WHERE b.device_id IN (SELECT id FROM bad) AND b.phase IN (0, 1)
-               AND COALESCE(upper(b.during), 'infinity') > compute_now()
-               AND NOT a.released
+             WHERE b.device_id IN (SELECT id FROM bad) AND {LIVE_BOOKING_SQL} AND NOT a.released
             UNION ALL
             SELECT id FROM in_window) x
       JOIN reservations_reservation r ON r.id = x.id

@@ -197,6 +197,7 @@ def _repair_conflicts(window: MaintenanceWindow, node_ids: list[str]) -> list[Co
     outcomes = []
     members = set(node_ids)
     now = compute_now()
+    held = False
     for reservation_id, _ in window_conflicts(window_id=window.pk):
         reservation = Reservation.objects.get(pk=reservation_id)
         before = _allocation_nodes(reservation_id) & members
@@ -208,9 +209,8 @@ def _repair_conflicts(window: MaintenanceWindow, node_ids: list[str]) -> list[Co
             group, to_nodes = RUNNING, ()
         else:
             group, to_nodes = STUCK, ()
-        if outcome.action is None and not reservation.at_risk_since:
-            # Held by another transaction right now: the worker's next run looks at the window's nodes.
-            repair_requested(node_ids)
+        # Held by another transaction right now: the worker's next run looks at the window's nodes.
+        held |= outcome.action is None and not reservation.at_risk_since
         outcomes.append(
             ConflictOutcome(
                 reservation_id=reservation_id,
@@ -221,6 +221,8 @@ def _repair_conflicts(window: MaintenanceWindow, node_ids: list[str]) -> list[Co
                 reason=reservation.at_risk_reason or outcome.reason,
             )
         )
+    if held:
+        repair_requested(node_ids)
     return outcomes
 
 
