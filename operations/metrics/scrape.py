@@ -30,23 +30,33 @@ SELECT p.id, p.name, p.owner_id, p.gpu_model, r.resource, {", ".join(f"r.{c}" fo
  ORDER BY p.id, r.resource
 """
 
-# Grouped on the plain columns first, so the bucket's CASE runs once per group, not per node.
+# Grouped on the node's plain columns first, so the bucket's CASE runs once per group, not per
+# node, and the pool (its owner, whether archived) is joined to those few groups, not to every
+# node: at 10,000 nodes the join before the grouping was a third of the statement's time.
 _NODES_SQL = f"""
-SELECT g.pool_id, g.provision_state, g.connectivity, {bucket_sql("g", "g.owner")}, sum(g.n)::int
-  FROM (SELECT n.pool_id, p.owner_id AS owner, n.provision_state, n.connectivity, n.role, n.trust,
-               n.owner_id, n.maintenance, n.cordoned, n.noschedule_taints, n.converged_specs, count(*) AS n
-          FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id
-         WHERE p.archived_at IS NULL
-         GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11) g
+SELECT g.pool_id, g.provision_state, g.connectivity, {bucket_sql("g", "p.owner_id")}, sum(g.n)::int
+  FROM (SELECT n.pool_id, n.provision_state, n.connectivity, n.role, n.trust, n.owner_id,
+               n.maintenance, n.cordoned, n.noschedule_taints, n.converged_specs, count(*) AS n
+          FROM inventory_node n
+         GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10) g
+  JOIN inventory_pool p ON p.id = g.pool_id
+ WHERE p.archived_at IS NULL
  GROUP BY 1, 2, 3, 4
  ORDER BY 1, 2, 3, 4
 """
 
-_AT_RISK_SQL = """
-SELECT r.pool_id, count(*)::int
-  FROM reservations_reservation r
- WHERE r.at_risk_since IS NOT NULL AND r.state IN ('scheduled', 'active') AND r.ends_at > compute_now()
- GROUP BY 1
+# Every live pool with its name and its at-risk count (the reservations read through their
+# partial index, grouped before the join): the pools' names for the other families too.
+_POOLS_AT_RISK_SQL = """
+SELECT p.id, p.name, coalesce(a.n, 0)
+  FROM inventory_pool p
+  LEFT JOIN (SELECT r.pool_id, count(*)::int AS n
+               FROM reservations_reservation r
+              WHERE r.at_risk_since IS NOT NULL AND r.state IN ('scheduled', 'active')
+                AND r.ends_at > compute_now()
+              GROUP BY 1) a ON a.pool_id = p.id
+ WHERE p.archived_at IS NULL
+ ORDER BY p.id
 """
 
 # The outbox and the creates waiting now, in one row.
@@ -55,12 +65,6 @@ SELECT (SELECT count(*)::int FROM reservations_delivery),
        (SELECT extract(epoch FROM compute_now() - min(created_at))::float8 FROM reservations_delivery),
        (SELECT count(*)::int FROM reservations_waitslot WHERE expires_at > compute_now())
 """
-
-
-def _pool_names() -> dict[str, str]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id, name FROM inventory_pool WHERE archived_at IS NULL ORDER BY id")
-        return dict(cursor.fetchall())
 
 
 def _capacity() -> Iterator[Family]:
@@ -76,12 +80,12 @@ def _capacity() -> Iterator[Family]:
         for row in cursor.fetchall():
             pool_id, name, owner, model, resource = row[:5]
             labels = (pool_id, name, owner, model or "other", resource)
-            for column, value in zip(CAPACITY_COLUMNS, row[5:], strict=True):
-                capacity.samples.append(((*labels, column), value))
+            capacity.add_each(labels, zip(CAPACITY_COLUMNS, row[5:], strict=True))
     yield capacity
 
 
-def _at_risk(pool_names: dict[str, str]) -> Family:
+def _at_risk() -> tuple[Family, dict[str, str]]:
+    """The at-risk family, and the live pools' names (pool id -> name) read with it."""
     family = Family(
         "better_compute_pool_at_risk_reservations",
         "gauge",
@@ -89,12 +93,12 @@ def _at_risk(pool_names: dict[str, str]) -> Family:
         ("pool_id", "pool"),
     )
     with connection.cursor() as cursor:
-        cursor.execute(_AT_RISK_SQL)
-        counts = dict(cursor.fetchall())
+        cursor.execute(_POOLS_AT_RISK_SQL)
+        rows = cursor.fetchall()
     # Every pool has a series, at 0 when none is at risk, so an alert on `> 0` sees it appear.
-    for pool_id, name in pool_names.items():
-        family.add((pool_id, name), counts.get(pool_id, 0))
-    return family
+    for pool_id, name, count in rows:
+        family.add((pool_id, name), count)
+    return family, {pool_id: name for pool_id, name, _count in rows}
 
 
 def _nodes(pool_names: dict[str, str]) -> Family:
@@ -178,10 +182,8 @@ def _queues() -> Iterator[Family]:
 
 def database_families() -> list[Family]:
     """Every family read from the database, one short read each (none holds a lock)."""
-    pool_names = _pool_names()
-    families = [*_capacity()]
-    families.append(_at_risk(pool_names))
-    families.append(_nodes(pool_names))
+    at_risk, pool_names = _at_risk()
+    families = [*_capacity(), at_risk, _nodes(pool_names)]
     families.extend(_worker())
     families.extend(_queues())
     families.append(event_counts())

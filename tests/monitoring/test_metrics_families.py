@@ -97,6 +97,37 @@ def test_nodes_by_state_connectivity_and_bucket(owned_pool: Pool, gpu_node: Node
     assert nodes(bucket="provisioning", provision_state="deploying") == 1
 
 
+def test_nodes_judged_against_their_own_pools_owner_and_none_of_an_archived_pool(
+    owned_pool: Pool, gpu_node: Node, archived_pool: Pool, outsider_tenant: Any
+) -> None:
+    # The pool's owner is joined after the nodes are grouped: each group must still meet its own pool's.
+    make_node(owned_pool, gpus=1, trust="tenant-owned", owner_id=owned_pool.owner_id)
+    make_node(owned_pool, gpus=1, trust="tenant-owned", owner_id=outsider_tenant.id)
+    make_node(archived_pool, gpus=1)
+    samples = scrape()
+    ours = [
+        (labels, v) for labels, v in samples["better_compute_nodes"] if labels["pool_id"] == owned_pool.id
+    ]
+    by_bucket = {labels["bucket"]: v for labels, v in ours}
+    assert by_bucket == {"schedulable": 2, "excluded": 1}
+    for family in ("better_compute_nodes", "better_compute_pool_at_risk_reservations"):
+        assert archived_pool.id not in {labels["pool_id"] for labels, _ in samples[family]}
+
+
+def test_capacity_labels_are_escaped_once_per_row_and_right_on_every_column(
+    owned_pool: Pool, gpu_node: Node
+) -> None:
+    Pool.objects.filter(pk=owned_pool.pk).update(name='h100 "east"\\1')
+    rollup_rebuild(pool_id=owned_pool.id)
+    samples = scrape()
+    assert value(samples, "better_compute_pool_capacity", pool='h100 "east"\\1', column="total") == 8
+    rows = [
+        labels for labels, _ in samples["better_compute_pool_capacity"] if labels["pool_id"] == owned_pool.id
+    ]
+    assert {labels["column"] for labels in rows} >= set(COLUMNS) | set(BUCKETS)
+    assert {labels["pool"] for labels in rows} == {'h100 "east"\\1'}
+
+
 def test_worker_jobs_lag_duration_and_behind(db: Any) -> None:
     # No worker has ever run: behind, as /healthz says.
     assert value(scrape(), "better_compute_worker_behind") == 1
