@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.charts import chart_earliest, chart_preview, chart_reads, chart_throughput
-from bench.profile import FRAMEWORK, STAGES, database_cpu_line
+from bench.profile import FRAMEWORK, STAGES, database_cpu_line, unprobed_cpu_line
 from bench.targets import targets
 
 # The page's longer notes, as they read on it.
@@ -293,10 +293,11 @@ def _profile_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
             lines.append(f"| {stage} | " + " | ".join(cells) + " |")
         create, release = profile["create"], profile["release"]
         lines += [
-            f"| **whole request** | 100% | {create['p50_ms']:.2f} | | {create['cpu_p50_ms']:.2f}"
+            f"| **whole request** | 100% | {create['p50_ms']:.2f} | | {create['probed_cpu_p50_ms']:.2f}"
             f" | {create['statements']:g} | 100% | {release['p50_ms']:.2f} | |"
-            f" {release['cpu_p50_ms']:.2f} | {release['statements']:g} |",
+            f" {release['probed_cpu_p50_ms']:.2f} | {release['statements']:g} |",
             "",
+            unprobed_cpu_line(profile) + ".",
             database_cpu_line(profile) + ".",
             "",
         ]

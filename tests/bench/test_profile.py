@@ -65,7 +65,7 @@ def test_every_stage_of_the_request_is_measured(
     assert measured["stages"]["rate limit"]["calls"] == 0  # counted in a statement the write makes anyway
     # A token used within the last second is remembered (`core.auth_cache`): no statement.
     assert measured["stages"]["authentication"]["statements"] < 1
-    assert measured["cpu_p50_ms"] > 0
+    assert measured["cpu_p50_ms"] > 0 and measured["probed_cpu_p50_ms"] > 0
     # The test database runs on this machine: its backend's CPU is read from /proc.
     assert measured["db_cpu_mean_ms"] is not None and measured["db_cpu_mean_ms"] >= 0
 
@@ -96,3 +96,28 @@ def test_the_profile_puts_every_seam_back(owned_pool: Pool) -> None:
     )
     assert after == before
     assert len({stage for _, _, stage in SEAMS}) == len(STAGES)
+
+
+def test_an_unprobed_request_passes_every_seam_straight_through(owned_pool: Pool) -> None:
+    """The request CPU the targets compare is read on requests that pay nothing for the probes."""
+    from django.test import Client
+
+    from bench.load import one_gpu_hour
+    from bench.profile import _host
+
+    make_node(owned_pool, gpus=2)
+    _, token = token_issue(tenant_id=owned_pool.owner_id, role="member", name="profile")
+    client = Client(SERVER_NAME=_host(), HTTP_AUTHORIZATION=f"Bearer {token}")
+    profiler = Profiler()
+    body = one_gpu_hour(tenant_id=owned_pool.owner_id, pool_id=owned_pool.pk, key="unprobed")
+    with profiling(profiler):
+        profiler.probing = False
+        response = client.post("/api/compute/reservations/create", body, "application/json")
+        assert response.status_code == 201, response.content
+        unprobed = profiler.reset()
+        profiler.probing = True
+        body = {**body, "idempotencyKey": "probed"}
+        assert client.post("/api/compute/reservations/create", body, "application/json").status_code == 201
+        probed = profiler.reset()
+    assert unprobed.calls == {} and unprobed.statements == {} and unprobed.cpu == {}
+    assert probed.calls["planning"] == 1 and sum(probed.statements.values()) > 0
