@@ -190,10 +190,14 @@ def node_filters_sql(
                 f" AND floor(nr.allocatable * nr.ratio) - nr.allocated >= {q.p(amount, 'bigint')})"
             )
     if exclude_node_ids:
-        where.append(f"n.id <> ALL({q.p(list(exclude_node_ids), 'text[]')})")
+        where.append(_excluded_sql(exclude_node_ids, q))
     if request.gang_size:
         where.append(f"n.labels ? {q.p(gang_key(request))}")
     return where
+
+
+def _excluded_sql(node_ids: tuple[str, ...], q: Params) -> str:
+    return f"n.id <> ALL({q.p(list(node_ids), 'text[]')})"
 
 
 def candidates_sql(query: PlanQuery, *, q: Params, salt: int, salt_expr: str, nodes: int, groups: int) -> str:
@@ -273,21 +277,25 @@ def eligible_nodes_sql(
     `from_candidates` to the CTE `candidates` (`candidates_sql`).
     """
     request = query.request
-    where = node_filters_sql(request=request, q=q, exclude_node_ids=query.exclude_node_ids)
+    if from_candidates:
+        # `candidates_sql` applied the node terms in the same statement (one snapshot):
+        # they are not read again, which also keeps the plan's text within the 4 kB
+        # that psycopg parses once and keeps (longer texts are parsed on every call).
+        where = ["n.id IN (SELECT node_id FROM candidates)"]
+        if query.exclude_node_ids:
+            where.append(_excluded_sql(query.exclude_node_ids, q))
+    else:
+        where = node_filters_sql(request=request, q=q, exclude_node_ids=query.exclude_node_ids)
     if only_node_ids:
         where.append(f"n.id = ANY({q.p(list(only_node_ids), 'text[]')})")
-    if from_candidates:
-        where.append("n.id IN (SELECT node_id FROM candidates)")
     if request.binding == "node":
         busy = blocking_booking_sql(device="wd", window_expr=window_expr, displace=query.displace)
         where.append(
             "NOT EXISTS (SELECT 1 FROM inventory_device wd WHERE wd.node_id = n.id AND wd.bookable"
             f" AND (NOT wd.healthy OR {busy}))"
         )
-    return (
-        "SELECT n.id, n.labels FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id"
-        f" WHERE {' AND '.join(where)}"
-    )
+    pool = "" if from_candidates else " JOIN inventory_pool p ON p.id = n.pool_id"
+    return f"SELECT n.id, n.labels FROM inventory_node n{pool} WHERE {' AND '.join(where)}"
 
 
 def gang_key(request: ReservationRequest) -> str:
