@@ -13,8 +13,9 @@ outright and started again, the streaming replica stopped and started again
 * The fill: 16 clients take one GPU each until the pool refuses; it must book
   exactly the pool's allocatable GPUs.
 * A request that failed in transit (the balancer's 502 or 503 when its replica
-  died with the request in flight, or a dropped connection) is sent again, a
-  create with the same idempotencyKey; each key made one reservation.
+  died with the request in flight, a dropped connection, or an answer cut off
+  mid-body) is sent again, a create with the same idempotencyKey; each key
+  made one reservation.
 * No request hung: every one answered within `REQUEST_TIMEOUT`.
 
 Prints one JSON line of numbers and exits 1 with the problems when any check fails.
@@ -61,14 +62,22 @@ class Flaky(Exception):
     """A request that may not have reached a server, or whose answer was lost: send it again."""
 
 
+# What a request whose connection failed raises: refused, reset, or cut in the middle of its
+# answer (`http.client.IncompleteRead`, when the replica serving it is killed).
+TRANSPORT_ERRORS = (ConnectionError, http.client.HTTPException, urllib.error.URLError)
+
+
+def lost_in_transit(error: BaseException) -> bool:
+    """A transport error that may be sent again; a timeout (a hung request) is not: it fails the run."""
+    return not (isinstance(error, urllib.error.URLError) and isinstance(error.reason, TimeoutError))
+
+
 def post(base_url: str, path: str, token: str, body: dict[str, Any]) -> tuple[int, Any]:
     """`http_post`, with a failure in transit raised as `Flaky`; a timeout (a hung request) is not."""
     try:
         status, answer = http_post(base_url, path, token, body, timeout=REQUEST_TIMEOUT)
-    except (ConnectionError, http.client.HTTPException) as error:
-        raise Flaky(repr(error)) from error
-    except urllib.error.URLError as error:
-        if isinstance(error.reason, TimeoutError):
+    except TRANSPORT_ERRORS as error:
+        if not lost_in_transit(error):
             raise
         raise Flaky(repr(error)) from error
     if status in IN_TRANSIT:
@@ -133,7 +142,12 @@ def op_run(op: Op, ledger: Ledger, run: Run, *, base_url: str, tokens: dict[str,
 
     def node_op() -> str:
         # A node operation sets a state (cordoned, tainted, healthy...): sending it again is safe.
-        outcome = op_run_http(op, ledger, base_url=base_url, tokens=tokens, fleet=fleet)
+        try:
+            outcome = op_run_http(op, ledger, base_url=base_url, tokens=tokens, fleet=fleet)
+        except TRANSPORT_ERRORS as error:
+            if not lost_in_transit(error):
+                raise
+            raise Flaky(f"{op.kind} answered in transit {error!r}") from error
         if any(f"answered {status}" in outcome for status in IN_TRANSIT):
             raise Flaky(outcome)
         return outcome
@@ -147,10 +161,8 @@ def create_checked(create: Callable[[], str], run: Run, key: str) -> Callable[[]
     def call() -> str:
         try:
             outcome = create()
-        except (ConnectionError, http.client.HTTPException) as error:
-            outcome = f"create answered in transit {error!r}"
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, TimeoutError):
+        except TRANSPORT_ERRORS as error:
+            if not lost_in_transit(error):
                 raise
             outcome = f"create answered in transit {error!r}"
         if outcome.startswith(("create answered 50", "create answered in transit")):
