@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import psycopg
 
 from inventory.choices import GPU_ATOM_CLASSES
-from reservations.rollups.counts import NODE_ATOM_COUNTS_SQL
+from reservations.rollups.counts import NODE_ATOM_COUNTS_SQL, POOL_FABRIC_COUNTS_SQL
 
 PAST_DAYS = 30
 FUTURE_DAYS = 7
@@ -179,8 +179,15 @@ def bookings_fill(*, conninfo: str, target_bookings: int) -> FillResult:
         # recount them from what was written, as the migration that made them did.
         conn.execute("DELETE FROM node_atom_counts")
         conn.execute(
-            "INSERT INTO node_atom_counts (node_id, pool_id, device_class, atoms, running)"
+            "INSERT INTO node_atom_counts"
+            " (node_id, pool_id, device_class, atoms, running, schedulable, fabric)"
             f" SELECT * FROM ({NODE_ATOM_COUNTS_SQL}) c"
+        )
+        conn.execute("DELETE FROM pool_fabric_counts")
+        conn.execute(
+            "INSERT INTO pool_fabric_counts"
+            " (pool_id, device_class, fabric, nodes, nodes_free, whole_free, stranded)"
+            + POOL_FABRIC_COUNTS_SQL.format(rows="node_atom_counts")
         )
         row = conn.execute(
             "SELECT count(*) FILTER (WHERE during @> compute_now()),"

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from reservations.rollups.counts import NODE_ATOM_COUNTS_SQL
+from reservations.rollups.counts import NODE_ATOM_COUNTS_SQL, POOL_FABRIC_COUNTS_SQL
 from reservations.rollups.deltas import ROLLUP_STORED_COUNTS
 from reservations.rollups.recount import rollup_recount
 
@@ -201,26 +201,58 @@ def check_node_atom_counts() -> list[str]:
     """Every node's kept free-atom counts (what the placer ranks by) equal a recount (at every instant).
 
     The triggers that keep `node_atom_counts` run in the statement that changes
-    a booking or a device, so any one snapshot must agree with the recount
-    (`reservations.rollups.counts.NODE_ATOM_COUNTS_SQL`); rows kept at zero have no
+    a booking, a device or a node, so any one snapshot must agree with the
+    recount (`reservations.rollups.counts.NODE_ATOM_COUNTS_SQL`), the node's
+    schedulability and fabric label included; rows kept at zero have no
     recounted row and are left out.
     """
     kept = {
-        (node, device_class): (pool, atoms, running)
-        for node, pool, device_class, atoms, running in sql_rows(
-            "SELECT node_id, pool_id, device_class, atoms, running FROM node_atom_counts"
+        (node, device_class): tuple(rest)
+        for node, device_class, *rest in sql_rows(
+            "SELECT node_id, device_class, pool_id, atoms, running, schedulable, fabric FROM node_atom_counts"
             " WHERE atoms <> 0 OR running <> 0"
         )
     }
     counted = {
-        (node, device_class): (pool, atoms, running)
-        for node, pool, device_class, atoms, running in sql_rows(NODE_ATOM_COUNTS_SQL)
+        (node, device_class): (pool, atoms, running, schedulable, fabric)
+        for node, pool, device_class, atoms, running, schedulable, fabric in sql_rows(NODE_ATOM_COUNTS_SQL)
     }
     return [
-        f"node {node} {device_class}: kept (pool, atoms, running) {kept.get((node, device_class))},"
-        f" recounted {counted.get((node, device_class))}"
+        f"node {node} {device_class}: kept (pool, atoms, running, schedulable, fabric)"
+        f" {kept.get((node, device_class))}, recounted {counted.get((node, device_class))}"
         for node, device_class in sorted(set(kept) | set(counted))
         if kept.get((node, device_class)) != counted.get((node, device_class))
+    ][:20]
+
+
+def check_pool_fabric_counts() -> list[str]:
+    """Every pool's kept fabric counts (`capacity/byPool`'s fragmentation) equal a recount (at every instant).
+
+    Recounted from the nodes, devices and bookings themselves
+    (`POOL_FABRIC_COUNTS_SQL` over `NODE_ATOM_COUNTS_SQL`), not from the node
+    rows the triggers add up, so a wrong node row shows here too. Rows kept
+    at zero have no recounted row and are left out.
+    """
+    kept = {
+        tuple(key): tuple(counts)
+        for *key, nodes, free, whole, stranded in sql_rows(
+            "SELECT pool_id, device_class, fabric, nodes, nodes_free, whole_free, stranded"
+            " FROM pool_fabric_counts WHERE nodes <> 0 OR nodes_free <> 0 OR whole_free <> 0 OR stranded <> 0"
+        )
+        for counts in [(nodes, free, whole, stranded)]
+    }
+    counted = {
+        tuple(key): tuple(counts)
+        for *key, nodes, free, whole, stranded in sql_rows(
+            POOL_FABRIC_COUNTS_SQL.format(rows=f"({NODE_ATOM_COUNTS_SQL})")
+        )
+        for counts in [(nodes, free, whole, stranded)]
+    }
+    return [
+        f"pool {key[0]} {key[1]} fabric {key[2]!r}: kept (nodes, free, whole, stranded)"
+        f" {kept.get(key)}, recounted {counted.get(key)}"
+        for key in sorted(set(kept) | set(counted))
+        if kept.get(key) != counted.get(key)
     ][:20]
 
 
@@ -315,6 +347,7 @@ INVARIANTS: dict[str, Callable[[], list[str]]] = {
     "reservations hold their allocations and bookings": check_reservations_whole,
     "rollups equal a recount": check_rollups_match_count,
     "node free-atom counts equal a recount": check_node_atom_counts,
+    "pool fabric counts equal a recount": check_pool_fabric_counts,
     "no tenant booking inside a maintenance window": check_no_tenant_booking_in_a_window,
 }
 

@@ -15,9 +15,9 @@ from django.db.models import DateTimeField, Func, QuerySet
 from django.db.models.expressions import RawSQL
 
 from inventory.choices import CLASS_SHARING, GPU_ATOM_CLASSES
-from inventory.schedulability import schedulable_sql
 from ledger.access import visible_pools
 from reservations.models import ROLLUP_COUNTS, PoolCapacityRollup, Reservation
+from reservations.rollups.counts import FRAGMENTATION_KEY
 
 OTHER_GPU_MODEL = "other"
 # What `byGpuModel` adds up, from each pool's `gpu` row only.
@@ -116,34 +116,17 @@ def pool_capacity(*, pool_id: str) -> dict[str, Any]:
     return {"poolId": pool_id, "rows": rows, "atRiskReservations": int(fetched[0][-1])}
 
 
-# The label fragmentation is grouped by: the gang topology key's default.
-FRAGMENTATION_KEY = "fabric"
-# A "whole node" for a gang of whole nodes: a host of eight GPUs, all free.
-WHOLE_NODE_GPUS = 8
-
-# Per value of the label, over the schedulable nodes with healthy atoms of the
-# pool's GPU class, from the counts the placer keeps (`node_atom_counts`): one
-# pass over the pool's count rows, no booking read. "Now" is as far as the
-# worker has moved the bookings' phases (seconds behind the clock at most).
-# The pool is named on the node and pool aliases too (the triggers keep
-# `c.pool_id` equal to the node's pool): without it the planner hashes every
-# node of the fleet to join the pool's few hundred count rows, and the read
-# grows with the fleet instead of the pool (25 → 4 ms at 10,000 nodes).
-_FRAGMENTATION_SQL = f"""
-SELECT COALESCE(n.labels ->> %(key)s, '') AS value,
-       count(*) AS nodes,
-       count(*) FILTER (WHERE c.running = 0) AS nodes_free,
-       count(*) FILTER (WHERE c.running = 0 AND (c.device_class <> 'gpu' OR c.atoms >= %(whole)s))
-           AS whole_free,
-       COALESCE(sum(GREATEST(c.free, 0)) FILTER (WHERE c.running > 0), 0) AS stranded
-  FROM node_atom_counts c
-  JOIN inventory_node n ON n.id = c.node_id
-  JOIN inventory_pool p ON p.id = n.pool_id
- WHERE c.pool_id = %(pool)s AND n.pool_id = %(pool)s AND p.id = %(pool)s
-   AND c.device_class = %(class)s AND c.atoms > 0
-   AND {schedulable_sql("n", "p.owner_id")}
- GROUP BY 1
- ORDER BY 1
+# One row per value of the label, from `pool_fabric_counts`, which PostgreSQL
+# keeps from the per-node counts the placer reads (`node_atom_counts`,
+# migration 0017): the read costs what the answer holds, not what the pool
+# holds. "Now" is as far as the worker has moved the bookings' phases (seconds
+# behind the clock at most); a booking, a cordon or a health change shows in
+# the statement that makes it.
+_FRAGMENTATION_SQL = """
+SELECT fabric, nodes, nodes_free, whole_free, stranded
+  FROM pool_fabric_counts
+ WHERE pool_id = %(pool)s AND device_class = %(class)s AND nodes > 0
+ ORDER BY fabric
 """
 
 
@@ -166,10 +149,7 @@ def pool_fragmentation(*, pool_id: str, sharing: str) -> dict[str, Any]:
     """
     device_class = pool_gpu_class(sharing)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _FRAGMENTATION_SQL,
-            {"key": FRAGMENTATION_KEY, "whole": WHOLE_NODE_GPUS, "pool": pool_id, "class": device_class},
-        )
+        cursor.execute(_FRAGMENTATION_SQL, {"pool": pool_id, "class": device_class})
         groups = [
             {
                 "value": value,

@@ -42,6 +42,7 @@ from inventory.schedulability import (
     UNHEALTHY,
     UNREACHABLE,
     bucket_sql,
+    schedulable_sql,
 )
 from reservations.rollups.deltas import ROLLUP_STORED_COUNTS
 
@@ -155,16 +156,43 @@ COUNTED_ATOM_SQL = f"(d.bookable AND d.healthy AND {bucket_sql('n', 'p.owner_id'
 # The same of a node (its scalars are counted): `n` and its pool `p`.
 COUNTED_NODE_SQL = f"({bucket_sql('n', 'p.owner_id')} = '{SCHEDULABLE}')"
 
-# The recount of `node_atom_counts` (kept by the triggers of migration 0007):
-# per node and atom class, its healthy bookable atoms and the RUNNING bookings
-# on them. Rows the table keeps at zero (every atom of a class gone) have no
-# recounted row; the comparison in the torture checks leaves them out.
-NODE_ATOM_COUNTS_SQL = """
-SELECT d.node_id, n.pool_id, d.device_class, count(*)::int AS atoms, COALESCE(sum(r.running), 0)::int
+# The node label `capacity/byPool`'s fragmentation groups by (the gang topology
+# key's default), and the whole node it counts: eight GPUs, all free. Migration
+# 0017 writes both into the triggers that keep `pool_fabric_counts`.
+FRAGMENTATION_KEY = "fabric"
+WHOLE_NODE_GPUS = 8
+
+# The recount of `node_atom_counts` (kept by the triggers of migrations 0007
+# and 0017): per node and atom class, its healthy bookable atoms, the RUNNING
+# bookings on them, and what the node contributes to its pool's fabric counts
+# with (its schedulability and its `fabric` label). Rows the table keeps at
+# zero (every atom of a class gone) have no recounted row; the comparison in
+# the torture checks leaves them out.
+NODE_ATOM_COUNTS_SQL = f"""
+SELECT d.node_id, n.pool_id, d.device_class, count(*)::int AS atoms,
+       COALESCE(sum(r.running), 0)::int AS running,
+       {schedulable_sql("n", "p.owner_id")} AS schedulable,
+       COALESCE(n.labels ->> '{FRAGMENTATION_KEY}', '') AS fabric
   FROM inventory_device d
   JOIN inventory_node n ON n.id = d.node_id
+  JOIN inventory_pool p ON p.id = n.pool_id
   LEFT JOIN (SELECT b.device_id, count(*) AS running FROM device_bookings b
               WHERE b.phase = 1 GROUP BY b.device_id) r ON r.device_id = d.id
  WHERE d.bookable AND d.healthy
+ GROUP BY d.node_id, n.id, p.id, d.device_class
+"""
+
+# The recount of `pool_fabric_counts` from node rows shaped like
+# `node_atom_counts` (`{rows}`: the table, or the recount above in brackets):
+# per pool, class and fabric, over the schedulable nodes with atoms.
+POOL_FABRIC_COUNTS_SQL = f"""
+SELECT c.pool_id, c.device_class, c.fabric,
+       count(*)::int AS nodes,
+       count(*) FILTER (WHERE c.running = 0)::int AS nodes_free,
+       count(*) FILTER (WHERE c.running = 0
+                          AND (c.device_class <> 'gpu' OR c.atoms >= {WHOLE_NODE_GPUS}))::int AS whole_free,
+       COALESCE(sum(GREATEST(c.atoms - c.running, 0)) FILTER (WHERE c.running > 0), 0)::int AS stranded
+  FROM {{rows}} c
+ WHERE c.schedulable AND c.atoms > 0
  GROUP BY 1, 2, 3
 """

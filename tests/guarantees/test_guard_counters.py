@@ -14,7 +14,7 @@ import pytest
 
 from core.clock import compute_now
 from core.errors import NoCapacity, QuotaExceeded
-from inventory.models import Device, NodeResource, Pool
+from inventory.models import Device, Node, NodeResource, Pool
 from ledger.models import QuotaUsage
 from reservations.models import DeviceBooking, PoolCapacityRollup
 from reservations.rollups.recount import rollup_rebuild
@@ -115,9 +115,14 @@ def test_guard5_quota_is_never_exceeded_under_concurrency() -> None:
 
 
 def a_gpu_quota_of_one_over_two_nodes(pool: Pool, **quota: Any) -> None:
-    """One GPU on each of two nodes, so two placements share no atom and no node; a quota of one GPU."""
-    gpus_by_bus(pool, 1)
-    gpus_by_bus(pool, 1, first_bus=1)
+    """One GPU on each of two nodes on two fabrics; a quota of one GPU.
+
+    Two placements then share no atom, no node and no fabric count (the pool's
+    row per fabric, which a placement holds from its booking insert): what they
+    both wait for is the quota row.
+    """
+    for index, node in enumerate([gpus_by_bus(pool, 1), gpus_by_bus(pool, 1, first_bus=1)]):
+        Node.objects.filter(pk=node.pk).update(labels={"fabric": f"fabric-{index}"})
     QuotaUsageFactory(pool=pool, tenant=pool.owner, resource="gpu", max=1, **quota)
     rollup_rebuild(pool_id=pool.id)
 

@@ -46,7 +46,7 @@ def test_every_invariant_holds_on_a_ledger_the_api_wrote(
     _ledger(api_client_for, owned_pool, owner_tenant)
     code, output = _check()
     assert code == 0, output
-    assert "all 9 invariants hold" in output
+    assert "all 10 invariants hold" in output
     assert "FAIL" not in output
 
 

@@ -21,6 +21,7 @@ from operations.invariants import (
     check_no_double_booking,
     check_no_tenant_booking_in_a_window,
     check_node_atom_counts,
+    check_pool_fabric_counts,
     check_quota,
     check_reservations_whole,
     check_rollups_match_count,
@@ -111,6 +112,7 @@ def invariant_problems(*, require_delivery: bool = True) -> list[str]:
         *check_concurrent_quota(),
         *check_reservations_whole(),
         *check_node_atom_counts(),
+        *check_pool_fabric_counts(),
         *check_no_tenant_booking_in_a_window(),
         *check_daemon(require_delivery=require_delivery),
     ]
@@ -128,7 +130,7 @@ def snapshot_problems() -> list[str]:
     transaction makes the recounts agree with each other. The rollups too: every
     row equals a recount of the bookings by phase, of the counted atoms and of
     the scalars, whatever the nodes' state, and so do the per-node free-atom
-    counts the placer ranks by. Left out: the node daemon (told
+    counts the placer ranks by and the pools' fabric counts. Left out: the node daemon (told
     after commit).
     """
     with transaction.atomic(), connection.cursor() as cursor:
@@ -140,6 +142,7 @@ def snapshot_problems() -> list[str]:
             *check_concurrent_quota(),
             *check_rollups_match_count(),
             *check_node_atom_counts(),
+            *check_pool_fabric_counts(),
         ]
 
 
@@ -197,6 +200,7 @@ __all__ = [
     "check_no_double_booking",
     "check_node_atom_counts",
     "check_phases_follow_the_clock",
+    "check_pool_fabric_counts",
     "check_quota",
     "check_reservations_whole",
     "check_rollups_match_count",

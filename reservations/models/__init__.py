@@ -1,7 +1,8 @@
 """Reservations, allocations (one per node), device bookings (one per atom) and the rollups they move.
 
-A pool's rollup rows (one per resource) are kept here, beside the bookings:
-every booking's transaction applies its delta to them (`reservations.rollups`).
+The counts kept beside the bookings (a pool's rollup rows, one per resource,
+which every booking's transaction moves by its delta, and the per-node and
+per-fabric counts PostgreSQL keeps) are in `counts`, and importable from here.
 """
 
 from __future__ import annotations
@@ -10,10 +11,22 @@ from django.contrib.postgres.constraints import ExclusionConstraint
 from django.contrib.postgres.fields import DateTimeRangeField, RangeOperators
 from django.contrib.postgres.indexes import GistIndex
 from django.db import models
-from django.db.models import F, Func, Q, Value
-from django.db.models.functions import Cast, Coalesce, Greatest
+from django.db.models import Func, Q
+from django.db.models.functions import Cast, Coalesce
 
 from core import ids
+from reservations.models.counts import (
+    ROLLUP_COUNTS as ROLLUP_COUNTS,
+)
+from reservations.models.counts import (
+    NodeAtomCount as NodeAtomCount,
+)
+from reservations.models.counts import (
+    PoolCapacityRollup as PoolCapacityRollup,
+)
+from reservations.models.counts import (
+    PoolFabricCount as PoolFabricCount,
+)
 
 
 class Upper(Func):
@@ -306,50 +319,6 @@ class MaintenanceWindowNode(models.Model):
         return f"{self.window_id} {self.node_id}"
 
 
-class NodeAtomCount(models.Model):
-    """Per node and atom class: its healthy bookable atoms and the RUNNING bookings on them.
-
-    `free` (atoms minus running) is what the placer ranks a pool's nodes by
-    before it probes any booking, so planning reads a few index entries
-    instead of every atom of the pool (`reservations.placer.plan`). PostgreSQL
-    keeps the rows in the statement that inserts, moves or deletes a booking
-    or changes a device (the triggers of migration 0007), so no writer can
-    leave them behind; `reservations.rollups.counts.NODE_ATOM_COUNTS_SQL` is the
-    recount the torture checks compare them with. A booking whose end has
-    passed counts until the worker moves its phase (seconds): the count is a
-    hint for ranking, and every plan still checks the atoms it picks.
-    """
-
-    id = models.BigAutoField(primary_key=True)
-    node_id = models.CharField(max_length=57)
-    pool_id = models.CharField(max_length=57)
-    device_class = models.CharField(max_length=16)
-    atoms = models.IntegerField(default=0)
-    running = models.IntegerField(default=0)
-    free = models.GeneratedField(
-        expression=F("atoms") - F("running"), output_field=models.IntegerField(), db_persist=True
-    )
-    # A fixed pseudo-random order of the nodes within one `free` value: concurrent plans start
-    # reading the index at different points (`placer.filters.candidates_sql`).
-    spread = models.GeneratedField(
-        expression=Func(F("node_id"), function="hashtext"),
-        output_field=models.IntegerField(),
-        db_persist=True,
-    )
-
-    class Meta:
-        db_table = "node_atom_counts"
-        constraints = [
-            models.UniqueConstraint(fields=["node_id", "device_class"], name="node_atom_counts_unique")
-        ]
-        indexes = [
-            models.Index(fields=["pool_id", "device_class", "free", "spread"], name="node_atom_counts_rank")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.node_id} {self.device_class} {self.free}/{self.atoms}"
-
-
 class WaitSlot(models.Model):
     """One of a tenant's leased slots for a create waiting on capacity (`reservations.waits`).
 
@@ -420,66 +389,6 @@ class NodeChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.reservation_id} on {self.node_id}"
-
-
-# The counts of a rollup row, in the contract's order (the API, the CLI and the admin).
-ROLLUP_COUNTS = (
-    "total",
-    "allocatable",
-    "allocated",
-    "reserved",
-    "available",
-    "provisioning",
-    "unhealthy",
-    "maintenance",
-    "unreachable",
-)
-
-
-class PoolCapacityRollup(models.Model):
-    """One row per pool and resource; the only thing capacity reads ever scan."""
-
-    pool = models.ForeignKey("inventory.Pool", on_delete=models.CASCADE, related_name="rollups")
-    resource = models.CharField(max_length=16)
-    total = models.BigIntegerField(default=0)
-    allocatable = models.BigIntegerField(default=0)
-    allocated = models.BigIntegerField(default=0)
-    reserved = models.BigIntegerField(default=0)
-    provisioning = models.BigIntegerField(default=0)
-    unhealthy = models.BigIntegerField(default=0)
-    maintenance = models.BigIntegerField(default=0)
-    unreachable = models.BigIntegerField(default=0)
-    # Conservative on purpose: an atom booked now and later counts in both.
-    available = models.GeneratedField(
-        expression=Greatest(Value(0), F("allocatable") - F("allocated") - F("reserved")),
-        output_field=models.BigIntegerField(),
-        db_persist=True,
-    )
-    updated_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
-    rebuilt_at = models.DateTimeField(null=True, blank=True)
-    # How many writes gave capacity back to this row (only grows): BookingRepair tries an
-    # at-risk reservation again once its pool's sum has grown (`reservations.lifecycle.repair`).
-    freed = models.BigIntegerField(db_default=0)
-
-    class Meta:
-        db_table = "pool_capacity_rollup"
-        constraints = [
-            models.UniqueConstraint(fields=["pool", "resource"], name="rollup_unique_pool_resource"),
-            models.CheckConstraint(
-                name="rollup_total_is_sum",
-                condition=Q(
-                    total=F("allocatable")
-                    + F("provisioning")
-                    + F("unhealthy")
-                    + F("maintenance")
-                    + F("unreachable")
-                ),
-            ),
-        ]
-        ordering = ["pool_id", "resource"]
-
-    def __str__(self) -> str:
-        return f"{self.pool_id} {self.resource}"
 
 
 class RepairRequest(models.Model):
