@@ -72,14 +72,17 @@ def fabric_upsert(source: str) -> str:
 
 TRIGGERS_SQL = f"""
 -- A new row takes its node's schedulability and fabric; a delta leaves them.
+-- Each is read by the node's key in a subquery of its own: a join here let
+-- the planner hash the whole node table on every booking statement (about
+-- 1 ms at 10,000 nodes), where a probe per node costs microseconds.
 CREATE OR REPLACE FUNCTION node_atom_counts_add(deltas jsonb) RETURNS void LANGUAGE sql AS $$
     INSERT INTO node_atom_counts AS c (node_id, pool_id, device_class, atoms, running, schedulable, fabric)
     SELECT x.node_id, x.pool_id, x.device_class, sum(x.atoms), sum(x.running),
-           bool_and({SCHEDULABLE_N}), min({FABRIC_N})
+           COALESCE((SELECT {SCHEDULABLE_N} FROM inventory_node n JOIN inventory_pool p ON p.id = n.pool_id
+                      WHERE n.id = x.node_id), false),
+           COALESCE((SELECT {FABRIC_N} FROM inventory_node n WHERE n.id = x.node_id), '')
       FROM jsonb_to_recordset(deltas)
            AS x(node_id varchar, pool_id varchar, device_class varchar, atoms int, running int)
-      JOIN inventory_node n ON n.id = x.node_id
-      JOIN inventory_pool p ON p.id = n.pool_id
      GROUP BY 1, 2, 3
     HAVING sum(x.atoms) <> 0 OR sum(x.running) <> 0
      ORDER BY x.node_id COLLATE "C", x.device_class COLLATE "C"
@@ -129,6 +132,10 @@ CREATE TRIGGER node_atom_counts_pools_owner AFTER UPDATE OF owner_id ON inventor
 CREATE FUNCTION pool_fabric_counts_apply() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
+        -- The per-node upsert fires this with no row inserted when every row existed.
+        IF NOT EXISTS (SELECT FROM new_rows) THEN
+            RETURN NULL;
+        END IF;
         {fabric_upsert(contribution("new_rows", "1"))};
     ELSIF TG_OP = 'DELETE' THEN
         {fabric_upsert(contribution("old_rows", "-1"))};
@@ -147,7 +154,7 @@ UPDATE node_atom_counts c SET schedulable = {SCHEDULABLE_N}, fabric = {FABRIC_N}
 {statement_triggers("pool_fabric_counts_apply", "node_atom_counts")}
 """
 
-REVERSE_SQL = f"""
+REVERSE_SQL = """
 DROP TRIGGER pool_fabric_counts_apply_delete ON node_atom_counts;
 DROP TRIGGER pool_fabric_counts_apply_update ON node_atom_counts;
 DROP TRIGGER pool_fabric_counts_apply_insert ON node_atom_counts;
