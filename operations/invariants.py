@@ -234,19 +234,17 @@ def check_pool_fabric_counts() -> list[str]:
     at zero have no recounted row and are left out.
     """
     kept = {
-        tuple(key): tuple(counts)
-        for *key, nodes, free, whole, stranded in sql_rows(
+        (pool, device_class, fabric): tuple(counts)
+        for pool, device_class, fabric, *counts in sql_rows(
             "SELECT pool_id, device_class, fabric, nodes, nodes_free, whole_free, stranded"
             " FROM pool_fabric_counts WHERE nodes <> 0 OR nodes_free <> 0 OR whole_free <> 0 OR stranded <> 0"
         )
-        for counts in [(nodes, free, whole, stranded)]
     }
     counted = {
-        tuple(key): tuple(counts)
-        for *key, nodes, free, whole, stranded in sql_rows(
+        (pool, device_class, fabric): tuple(counts)
+        for pool, device_class, fabric, *counts in sql_rows(
             POOL_FABRIC_COUNTS_SQL.format(rows=f"({NODE_ATOM_COUNTS_SQL})")
         )
-        for counts in [(nodes, free, whole, stranded)]
     }
     return [
         f"pool {key[0]} {key[1]} fabric {key[2]!r}: kept (nodes, free, whole, stranded)"

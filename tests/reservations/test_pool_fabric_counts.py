@@ -2,9 +2,10 @@
 
 `pool_fabric_counts` is kept by triggers from `node_atom_counts`, whose rows
 carry their node's schedulability and `fabric` label. Each test changes one
-input of those counts the way the product does (a booking over the API, a
-node action, a health change, the worker's phase move, a label, a pool move,
-a pool's new owner, a node or device going away) and compares the kept rows
+input of those counts (a booking over the API, a node action, a health
+change, the worker's phase move, a label, a pool move, a pool's new owner, a
+node or device going away), through the product's service where there is
+one and by updating the row where there is not, and compares the kept rows
 with the recount the torture checks use, which reads nodes, devices and
 bookings and none of the kept rows; and the answer a tenant reads over HTTP.
 """
