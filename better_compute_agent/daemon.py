@@ -72,7 +72,7 @@ class Agent:
     ) -> None:
         self.settings, self.source, self.client = settings, source, client
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        self.store = Store(settings.state_dir / "store.sqlite3")
+        self.store = Store(settings.state_dir / "store.json")
         self.snapshot: Snapshot = {}
         self.report: dict[str, Any] = {}
         self.devices: dict[str, GpuDevice] = {}
@@ -306,4 +306,4 @@ class Agent:
 
 def state_store(state_dir: Path) -> Store:
     """The store alone, for the commands that only read it (`assignments`, `env`)."""
-    return Store(state_dir / "store.sqlite3")
+    return Store(state_dir / "store.json")

@@ -26,7 +26,7 @@ KINDS = ("assign", "shorten")
 # device name: alphanumerics at both ends, `_ - . :` between (the service's
 # `rsv_<ulid>` always is).
 RESERVATION_ID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]{0,126}[A-Za-z0-9])?$")
-# Times and amounts stay within what JSON readers and SQLite's INTEGER hold exactly.
+# Times and amounts stay within what JSON readers hold exactly (integers up to 2**53).
 MAX_INT = 2**53
 
 

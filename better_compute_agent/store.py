@@ -1,31 +1,37 @@
 """What this node holds, kept on its own disk: the record guard 6 is checked against.
 
 The agent pulls the service's changes in delivery order and applies each here;
-the change and its answer commit in one SQLite transaction, so a crash leaves
-either both or neither, and a change delivered again (after a restart, or an
-ack lost on the way) gets the answer it got the first time instead of being
-applied twice. Answers stay until the service has confirmed it got them.
+the change and its answer are written together, so a crash leaves either both
+or neither, and a change delivered again (after a restart, or an ack lost on
+the way) gets the answer it got the first time instead of being applied twice.
+Answers stay until the service has confirmed it got them.
 
-SQLite, not the service's PostgreSQL, on purpose: this is the node's own
-record, on a host that runs no database server, and it must hold when the
-service cannot be reached. The guarantees stay in PostgreSQL (the bookings'
-exclusion constraint); this store is guard 6's second line, on the node.
+A file of the node's own, not a database: the host runs no database server,
+and the record must hold when the service cannot be reached. The guarantees
+stay in the service's PostgreSQL (the bookings' exclusion constraint); this is
+guard 6's second line, on the node, and it is small (what one node holds, and
+the answers not yet confirmed).
 
-One file in the agent's state directory, in WAL mode with `synchronous=FULL`:
-an answer the service has been sent must survive a power cut, or the node
-could forget a reservation it accepted.
+One JSON document in the agent's state directory. A write takes an exclusive
+`flock` on a lock file beside it (two processes never interleave a check and
+its write), reads the document, changes it, writes the new one to a temporary
+file, `fsync`s it and renames it over the old one, then `fsync`s the directory:
+an answer the service has been sent survives a power cut, and a reader sees
+the whole old document or the whole new one. A failure before the rename
+writes nothing.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
-import sqlite3
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,41 +40,9 @@ from better_compute_agent import guard
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS holdings (
-    reservation_id TEXT PRIMARY KEY,
-    atoms TEXT NOT NULL,
-    start_ms INTEGER NOT NULL,
-    end_ms INTEGER NOT NULL,
-    resources TEXT NOT NULL,
-    profile TEXT,
-    delivery_id INTEGER NOT NULL,
-    CHECK (start_ms < end_ms)
-);
--- The overlap query (start < :end AND :start < end) and prune read by end.
-CREATE INDEX IF NOT EXISTS holdings_end ON holdings (end_ms);
-CREATE TABLE IF NOT EXISTS answers (
-    delivery_id INTEGER PRIMARY KEY,
-    accepted INTEGER NOT NULL,
-    reason TEXT,
-    answered_ms INTEGER NOT NULL,
-    acked INTEGER NOT NULL DEFAULT 0
-);
-"""
-# Version 2: where each holding's cgroup is placed (the CPUs the ack reported), its spot notice, and
-# the ends being enforced (so a restarted agent kills on the same deadline).
-UPGRADES = {
-    2: [
-        "ALTER TABLE holdings ADD COLUMN placement TEXT",
-        "ALTER TABLE holdings ADD COLUMN spot INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE holdings ADD COLUMN notice TEXT",
-        "ALTER TABLE answers ADD COLUMN placement TEXT",
-        "CREATE TABLE IF NOT EXISTS endings ("
-        " reservation_id TEXT PRIMARY KEY, term_ms INTEGER NOT NULL, kill_ms INTEGER NOT NULL,"
-        " killed_ms INTEGER)",
-    ],
-}
+# The document's shape; a newer agent's document is refused rather than misread.
+FORMAT_VERSION = 1
+State = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -114,37 +88,27 @@ class Ending:
     killed_ms: int | None
 
 
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+def _empty() -> State:
+    return {"version": FORMAT_VERSION, "holdings": {}, "answers": {}, "endings": {}}
 
 
-def _holding(row: sqlite3.Row) -> Holding:
-    return Holding(
-        reservation_id=row["reservation_id"],
-        atoms=tuple(json.loads(row["atoms"])),
-        start_ms=row["start_ms"],
-        end_ms=row["end_ms"],
-        resources=json.loads(row["resources"]),
-        profile=_loads(row["profile"]),
-        delivery_id=row["delivery_id"],
-        placement=_loads(row["placement"]),
-        spot=bool(row["spot"]),
-        notice=_loads(row["notice"]),
-    )
+def _holding(record: Mapping[str, Any]) -> Holding:
+    return Holding(**{**record, "atoms": tuple(record["atoms"])})
 
 
-def _answer(row: sqlite3.Row) -> Answer:
+def _answer(record: Mapping[str, Any]) -> Answer:
     return Answer(
-        delivery_id=row["delivery_id"],
-        accepted=bool(row["accepted"]),
-        reason=row["reason"],
-        placement=_loads(row["placement"]),
+        delivery_id=record["delivery_id"],
+        accepted=record["accepted"],
+        reason=record["reason"],
+        placement=record["placement"],
     )
 
 
-HOLDING_COLUMNS = (
-    "reservation_id, atoms, start_ms, end_ms, resources, profile, delivery_id, placement, spot, notice"
-)
+def _ordered(holdings: Iterator[Mapping[str, Any]]) -> list[Holding]:
+    return sorted((_holding(record) for record in holdings), key=lambda h: (h.start_ms, h.reservation_id))
+
+
 # Chooses where an accepted assign goes, given the holdings its window overlaps (see `Store.apply`).
 Place = Callable[[Mapping[str, Any], list[Holding]], "dict[str, Any] | None"]
 
@@ -152,49 +116,67 @@ Place = Callable[[Mapping[str, Any], list[Holding]], "dict[str, Any] | None"]
 class Store:
     """The node's durable record of its holdings and of the answers it owes the service.
 
-    Safe to share between threads of one process (one connection behind a lock);
-    another process may read the same file at the same time (WAL).
+    Safe to share between threads of one process (a lock), and between
+    processes on the same file (`flock` on `<file>.lock`).
     """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
         self._lock = threading.Lock()
-        # Autocommit mode: every write below opens its own BEGIN IMMEDIATE.
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        with self._transaction() as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{path} was written by a newer agent (schema {version} > {SCHEMA_VERSION})"
-                )
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            for target in range(max(version, 1), SCHEMA_VERSION):
-                for statement in UPGRADES[target + 1]:
-                    db.execute(statement)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._lock_file = open(path.with_name(path.name + ".lock"), "a+b")  # noqa: SIM115 (held open)
+        with self._reading() as state:
+            version = state.get("version", FORMAT_VERSION)
+        if version > FORMAT_VERSION:
+            raise RuntimeError(f"{path} was written by a newer agent (format {version} > {FORMAT_VERSION})")
+
+    def _read(self) -> State:
+        try:
+            with self._path.open("rb") as file:
+                state: State = json.load(file)
+        except FileNotFoundError:
+            return _empty()
+        return state
+
+    def _write(self, state: State) -> None:
+        temporary = self._path.with_name(self._path.name + ".tmp")
+        with temporary.open("wb") as file:
+            file.write(json.dumps(state, separators=(",", ":")).encode())
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self._path)
+        directory = os.open(self._path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        # IMMEDIATE takes the write lock up front, so the check of what is held
+    def _reading(self) -> Iterator[State]:
+        with self._lock:
+            fcntl.flock(self._lock_file, fcntl.LOCK_SH)
+            try:
+                yield self._read()
+            finally:
+                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[State]:
+        # The exclusive lock is taken before the read, so the check of what is held
         # and the write that follows it see the same state, even across processes.
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX)
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                state = self._read()
+                yield state
+                self._write(state)
+            finally:
+                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
 
     def apply(
         self, change: Mapping[str, Any], *, capacity: Mapping[str, int], place: Place | None = None
     ) -> Answer:
-        """Apply one delivered change (or refuse it) and record the answer, in one transaction.
+        """Apply one delivered change (or refuse it) and record the answer, in one write.
 
         A malformed change is refused with a reason, not raised; one without a
         usable `deliveryId` cannot be recorded and is answered with delivery id 0.
@@ -203,154 +185,121 @@ class Store:
         nothing was applied and nothing must be acknowledged.
 
         `place` chooses an accepted assign's placement (its CPUs) in the same
-        transaction, against the holdings its window overlaps, so two assigns
-        never pick one CPU from a stale view.
+        write, against the holdings its window overlaps, so two assigns never
+        pick one CPU from a stale view.
         """
         problem = guard.delivery_id_problem(change)
         if problem is not None:
             logger.warning("refused a change without a usable delivery id: %s", problem)
             return Answer(delivery_id=0, accepted=False, reason=problem)
         delivery_id = int(change["deliveryId"])
-        with self._transaction() as db:
-            last = self._last(db)
+        with self._transaction() as state:
+            last = self._last(state)
             if delivery_id <= last:
-                known = db.execute("SELECT * FROM answers WHERE delivery_id = ?", [delivery_id]).fetchone()
+                known = state["answers"].get(str(delivery_id))
                 if known is not None:
                     return _answer(known)
                 # Never seen, yet older than what was applied: applying it now could
                 # undo a later change, so it is refused (and answered like any other).
                 late = f"delivery {delivery_id} arrived after delivery {last}; changes apply in order only"
-                return self._record(db, Answer(delivery_id, False, late))
+                return self._record(state, Answer(delivery_id, False, late))
             reason = guard.shape_problem(change)
             if reason is None and change["kind"] == "assign":
-                held = self._overlapping(db, int(change["start"]), int(change["end"]))
+                held = self._overlapping(state, int(change["start"]), int(change["end"]))
                 reason = guard.refusal(change, held, capacity)
                 if reason is None:
                     others = [h for h in held if h.reservation_id != change["reservationId"]]
                     placement = place(change, others) if place is not None else None
-                    self._assign(db, change, placement)
-                    return self._record(db, Answer(delivery_id, True, None, placement))
+                    self._assign(state, change, placement)
+                    return self._record(state, Answer(delivery_id, True, None, placement))
             elif reason is None:
-                self._shorten(db, change)
+                self._shorten(state, change)
             if reason is not None:
                 logger.warning("refused delivery %s: %s", delivery_id, reason)
-            return self._record(db, Answer(delivery_id, reason is None, reason))
+            return self._record(state, Answer(delivery_id, reason is None, reason))
 
     @staticmethod
-    def _last(db: sqlite3.Connection) -> int:
-        return int(db.execute("SELECT COALESCE(MAX(delivery_id), 0) FROM answers").fetchone()[0])
+    def _last(state: State) -> int:
+        return max((int(key) for key in state["answers"]), default=0)
 
     @staticmethod
-    def _record(db: sqlite3.Connection, answer: Answer) -> Answer:
-        db.execute(
-            "INSERT INTO answers (delivery_id, accepted, reason, answered_ms, placement)"
-            " VALUES (?, ?, ?, ?, ?)",
-            [
-                answer.delivery_id,
-                int(answer.accepted),
-                answer.reason,
-                int(time.time() * 1000),
-                None if answer.placement is None else json.dumps(answer.placement),
-            ],
-        )
+    def _record(state: State, answer: Answer) -> Answer:
+        state["answers"][str(answer.delivery_id)] = {
+            **asdict(answer),
+            "answered_ms": int(time.time() * 1000),
+            "acked": False,
+        }
         return answer
 
     @staticmethod
-    def _overlapping(db: sqlite3.Connection, start: int, end: int) -> list[Holding]:
-        rows = db.execute(
-            f"SELECT {HOLDING_COLUMNS} FROM holdings WHERE start_ms < ? AND ? < end_ms", [end, start]
-        ).fetchall()
-        return [_holding(row) for row in rows]
+    def _overlapping(state: State, start: int, end: int) -> list[Holding]:
+        return _ordered(h for h in state["holdings"].values() if h["start_ms"] < end and start < h["end_ms"])
 
     @staticmethod
-    def _assign(db: sqlite3.Connection, change: Mapping[str, Any], placement: dict[str, Any] | None) -> None:
+    def _assign(state: State, change: Mapping[str, Any], placement: dict[str, Any] | None) -> None:
         """Hold the reservation as delivered; a redelivered assign replaces its record."""
-        resources = {name: int(amount) for name, amount in sorted(guard.claims(change).items())}
         profile = change.get("profile")
         notice = change.get("notice")
-        db.execute(
-            f"INSERT INTO holdings ({HOLDING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (reservation_id) DO UPDATE SET atoms = excluded.atoms,"
-            " start_ms = excluded.start_ms, end_ms = excluded.end_ms, resources = excluded.resources,"
-            " profile = excluded.profile, delivery_id = excluded.delivery_id,"
-            " placement = excluded.placement, spot = excluded.spot, notice = excluded.notice",
-            [
-                change["reservationId"],
-                json.dumps(list(dict.fromkeys(change["atoms"]))),
-                int(change["start"]),
-                int(change["end"]),
-                json.dumps(resources),
-                None if profile is None else json.dumps(dict(profile), sort_keys=True),
-                int(change["deliveryId"]),
-                None if placement is None else json.dumps(placement),
-                int(change.get("spot") is True),
-                json.dumps(dict(notice)) if isinstance(notice, Mapping) else None,
-            ],
+        state["holdings"][change["reservationId"]] = asdict(
+            Holding(
+                reservation_id=change["reservationId"],
+                atoms=tuple(dict.fromkeys(change["atoms"])),
+                start_ms=int(change["start"]),
+                end_ms=int(change["end"]),
+                resources={name: int(amount) for name, amount in sorted(guard.claims(change).items())},
+                profile=None if profile is None else dict(profile),
+                delivery_id=int(change["deliveryId"]),
+                placement=placement,
+                spot=change.get("spot") is True,
+                notice=dict(notice) if isinstance(notice, Mapping) else None,
+            )
         )
 
     @staticmethod
-    def _shorten(db: sqlite3.Connection, change: Mapping[str, Any]) -> None:
+    def _shorten(state: State, change: Mapping[str, Any]) -> None:
         """Cut the reservation's end (never extend it); cut to its start or before, it is gone."""
-        row = db.execute(
-            "SELECT start_ms, end_ms FROM holdings WHERE reservation_id = ?", [change["reservationId"]]
-        ).fetchone()
-        if row is None:
+        held = state["holdings"].get(change["reservationId"])
+        if held is None:
             return  # never held (refused, or already pruned): there is nothing to give back
         end = int(change["end"])
         notice = change.get("notice")
         if isinstance(notice, Mapping):
-            db.execute(
-                "UPDATE holdings SET notice = ? WHERE reservation_id = ?",
-                [json.dumps(dict(notice)), change["reservationId"]],
-            )
-        if end <= row["start_ms"]:
-            db.execute("DELETE FROM holdings WHERE reservation_id = ?", [change["reservationId"]])
-        elif end < row["end_ms"]:
-            db.execute(
-                "UPDATE holdings SET end_ms = ?, delivery_id = ? WHERE reservation_id = ?",
-                [end, int(change["deliveryId"]), change["reservationId"]],
-            )
+            held["notice"] = dict(notice)
+        if end <= held["start_ms"]:
+            del state["holdings"][change["reservationId"]]
+        elif end < held["end_ms"]:
+            held["end_ms"], held["delivery_id"] = end, int(change["deliveryId"])
 
     def holdings(self, *, at_ms: int | None = None) -> list[Holding]:
         """Every holding, or those live at `at_ms` (start <= at < end), earliest first."""
-        with self._lock:
+        with self._reading() as state:
+            held = state["holdings"].values()
             if at_ms is None:
-                rows = self._db.execute(
-                    f"SELECT {HOLDING_COLUMNS} FROM holdings ORDER BY start_ms, reservation_id"
-                ).fetchall()
-            else:
-                rows = self._db.execute(
-                    f"SELECT {HOLDING_COLUMNS} FROM holdings WHERE start_ms <= ? AND ? < end_ms"
-                    " ORDER BY start_ms, reservation_id",
-                    [at_ms, at_ms],
-                ).fetchall()
-        return [_holding(row) for row in rows]
+                return _ordered(iter(held))
+            return _ordered(h for h in held if h["start_ms"] <= at_ms < h["end_ms"])
 
     def holding(self, reservation_id: str) -> Holding | None:
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT {HOLDING_COLUMNS} FROM holdings WHERE reservation_id = ?", [reservation_id]
-            ).fetchone()
-        return None if row is None else _holding(row)
+        with self._reading() as state:
+            record = state["holdings"].get(reservation_id)
+        return None if record is None else _holding(record)
 
     def last_delivery_id(self) -> int:
         """The last delivery answered (0 when none): what the agent asks the service for changes after."""
-        with self._lock:
-            return self._last(self._db)
+        with self._reading() as state:
+            return self._last(state)
 
     def unacked(self) -> list[Answer]:
         """Answers the service has not confirmed yet, oldest first: send them (again)."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT delivery_id, accepted, reason, placement FROM answers WHERE acked = 0"
-                " ORDER BY delivery_id"
-            ).fetchall()
-        return [_answer(row) for row in rows]
+        with self._reading() as state:
+            answers = [_answer(a) for a in state["answers"].values() if not a["acked"]]
+        return sorted(answers, key=lambda answer: answer.delivery_id)
 
     def mark_acked(self, delivery_id: int) -> None:
         """The service confirmed it got this answer; it is no longer sent (an unknown id is ignored)."""
-        with self._transaction() as db:
-            db.execute("UPDATE answers SET acked = 1 WHERE delivery_id = ?", [delivery_id])
+        with self._transaction() as state:
+            answer = state["answers"].get(str(delivery_id))
+            if answer is not None:
+                answer["acked"] = True
 
     def prune(self, *, before_ms: int) -> int:
         """Drop holdings over by `before_ms` (end <= before_ms); the number dropped.
@@ -358,52 +307,46 @@ class Store:
         Confirmed answers given before `before_ms` go too, except the last one,
         which `last_delivery_id` is read from.
         """
-        with self._transaction() as db:
-            dropped = db.execute("DELETE FROM holdings WHERE end_ms <= ?", [before_ms]).rowcount
-            db.execute(
-                "DELETE FROM answers WHERE acked = 1 AND answered_ms < ?"
-                " AND delivery_id < (SELECT MAX(delivery_id) FROM answers)",
-                [before_ms],
-            )
-        return int(dropped)
+        with self._transaction() as state:
+            over = [rid for rid, held in state["holdings"].items() if held["end_ms"] <= before_ms]
+            for rid in over:
+                del state["holdings"][rid]
+            last = self._last(state)
+            state["answers"] = {
+                key: answer
+                for key, answer in state["answers"].items()
+                if not (answer["acked"] and answer["answered_ms"] < before_ms and int(key) < last)
+            }
+        return len(over)
 
     # --- the ends being enforced ------------------------------------------------------------
 
     def endings(self) -> dict[str, Ending]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM endings").fetchall()
-        return {
-            row["reservation_id"]: Ending(
-                row["reservation_id"], row["term_ms"], row["kill_ms"], row["killed_ms"]
-            )
-            for row in rows
-        }
+        with self._reading() as state:
+            return {rid: Ending(**ending) for rid, ending in state["endings"].items()}
 
     def ending_begin(self, reservation_id: str, *, term_ms: int, kill_ms: int) -> Ending:
         """Record that the reservation's processes were sent SIGTERM; the first record stands."""
-        with self._transaction() as db:
-            db.execute(
-                "INSERT INTO endings (reservation_id, term_ms, kill_ms) VALUES (?, ?, ?)"
-                " ON CONFLICT (reservation_id) DO NOTHING",
-                [reservation_id, term_ms, kill_ms],
+        with self._transaction() as state:
+            ending = state["endings"].setdefault(
+                reservation_id,
+                asdict(Ending(reservation_id, term_ms=term_ms, kill_ms=kill_ms, killed_ms=None)),
             )
-            row = db.execute("SELECT * FROM endings WHERE reservation_id = ?", [reservation_id]).fetchone()
-        return Ending(row["reservation_id"], row["term_ms"], row["kill_ms"], row["killed_ms"])
+        return Ending(**ending)
 
     def ending_killed(self, reservation_id: str, *, at_ms: int) -> None:
-        with self._transaction() as db:
-            db.execute(
-                "UPDATE endings SET killed_ms = ? WHERE reservation_id = ? AND killed_ms IS NULL",
-                [at_ms, reservation_id],
-            )
+        with self._transaction() as state:
+            ending = state["endings"].get(reservation_id)
+            if ending is not None and ending["killed_ms"] is None:
+                ending["killed_ms"] = at_ms
 
     def ending_done(self, reservation_id: str) -> None:
-        with self._transaction() as db:
-            db.execute("DELETE FROM endings WHERE reservation_id = ?", [reservation_id])
+        with self._transaction() as state:
+            state["endings"].pop(reservation_id, None)
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self._lock_file.close()
 
     def __enter__(self) -> Store:
         return self

@@ -94,7 +94,7 @@ def test_the_control_devices_can_be_limited_to_those_the_host_has() -> None:
 
 
 def test_only_reservations_live_now_get_an_entry(tmp_path: Path) -> None:
-    with Store(tmp_path / "agent.sqlite3") as store:
+    with Store(tmp_path / "agent.json") as store:
         for delivery_id, (reservation_id, atom, start) in enumerate(
             [("rsv_past", "gpu-0", T0 - HOUR), ("rsv_now", "gpu-0", T0), ("rsv_later", "gpu-0", T0 + HOUR)], 1
         ):

@@ -61,7 +61,7 @@ def test_talking_to_the_service_needs_a_token(tmp_path: Path) -> None:
 def test_env_names_the_booked_mig_instances_for_a_prolog(tmp_path: Path) -> None:
     devices = gpu_devices(SnapshotSource(A100).read())
     mig_atoms = sorted(uid for uid in devices if "/gi" in uid)[:2]
-    with Store(tmp_path / "store.sqlite3") as store:
+    with Store(tmp_path / "store.json") as store:
         change = {
             "deliveryId": 1,
             "kind": "assign",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sqlite3
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from better_compute_agent.guard import refusal
-from better_compute_agent.store import Answer, Holding, Store
+from better_compute_agent.store import FORMAT_VERSION, Answer, Holding, Store
 
 HOUR = 3_600_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -19,7 +19,7 @@ CAPACITY = {"vcpu": 64, "memoryGiB": 512, "hugepages1Gi": 8}
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "state" / "agent.sqlite3") as opened:
+    with Store(tmp_path / "state" / "agent.json") as opened:
         yield opened
 
 
@@ -199,7 +199,7 @@ def test_an_unseen_delivery_older_than_the_last_is_refused_not_applied(store: St
 
 
 def test_a_new_store_on_the_same_file_sees_the_holdings_and_the_unacked_answers(tmp_path: Path) -> None:
-    path = tmp_path / "agent.sqlite3"
+    path = tmp_path / "agent.json"
     with Store(path) as first:
         assert first.last_delivery_id() == 0
         first.apply(assign(1, "rsv_a", ["GPU-1"], T0, T0 + HOUR, {"vcpu": 8}), capacity=CAPACITY)
@@ -222,11 +222,13 @@ def test_a_new_store_on_the_same_file_sees_the_holdings_and_the_unacked_answers(
         # Still guarded by what the first one accepted.
         assert not second.apply(assign(4, "rsv_d", ["GPU-1"], T0, T0 + HOUR), capacity=CAPACITY).accepted
 
-    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    # One plain document, replaced whole by each write: no temporary file is left beside it.
+    assert json.loads(path.read_text())["version"] == FORMAT_VERSION
+    assert not path.with_name(path.name + ".tmp").exists()
 
 
 def test_a_change_and_its_answer_commit_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "agent.sqlite3"
+    path = tmp_path / "agent.json"
     store = Store(path)
 
     def crash(*_args: object) -> None:

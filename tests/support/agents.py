@@ -199,9 +199,9 @@ class AgentProcess:
 
     def holdings(self) -> dict[str, Holding]:
         """What the agent's store holds, by reservation id (read beside the daemon, as `assignments` does)."""
-        if not (self.state_dir / "store.sqlite3").exists():
+        if not (self.state_dir / "store.json").exists():
             return {}
-        with Store(self.state_dir / "store.sqlite3") as store:
+        with Store(self.state_dir / "store.json") as store:
             return {holding.reservation_id: holding for holding in store.holdings()}
 
 
