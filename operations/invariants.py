@@ -197,6 +197,20 @@ def check_rollups_match_count() -> list[str]:
     return rollup_differences(rollup_snapshot(), counted, "a recount")
 
 
+def kept_differences(
+    what: str,
+    columns: str,
+    kept: dict[tuple[Any, ...], tuple[Any, ...]],
+    counted: dict[tuple[Any, ...], tuple[Any, ...]],
+) -> list[str]:
+    """The first 20 keys whose row a trigger keeps differs from its recount, each with both values."""
+    return [
+        f"{what} {key}: kept ({columns}) {kept.get(key)}, recounted {counted.get(key)}"
+        for key in sorted(set(kept) | set(counted))
+        if kept.get(key) != counted.get(key)
+    ][:20]
+
+
 def check_node_atom_counts() -> list[str]:
     """Every node's kept free-atom counts (what the placer ranks by) equal a recount (at every instant).
 
@@ -217,12 +231,7 @@ def check_node_atom_counts() -> list[str]:
         (node, device_class): (pool, atoms, running, schedulable, fabric)
         for node, pool, device_class, atoms, running, schedulable, fabric in sql_rows(NODE_ATOM_COUNTS_SQL)
     }
-    return [
-        f"node {node} {device_class}: kept (pool, atoms, running, schedulable, fabric)"
-        f" {kept.get((node, device_class))}, recounted {counted.get((node, device_class))}"
-        for node, device_class in sorted(set(kept) | set(counted))
-        if kept.get((node, device_class)) != counted.get((node, device_class))
-    ][:20]
+    return kept_differences("node", "pool, atoms, running, schedulable, fabric", kept, counted)
 
 
 def check_pool_fabric_counts() -> list[str]:
@@ -246,12 +255,7 @@ def check_pool_fabric_counts() -> list[str]:
             POOL_FABRIC_COUNTS_SQL.format(rows=f"({NODE_ATOM_COUNTS_SQL})")
         )
     }
-    return [
-        f"pool {key[0]} {key[1]} fabric {key[2]!r}: kept (nodes, free, whole, stranded)"
-        f" {kept.get(key)}, recounted {counted.get(key)}"
-        for key in sorted(set(kept) | set(counted))
-        if kept.get(key) != counted.get(key)
-    ][:20]
+    return kept_differences("pool, class, fabric", "nodes, free, whole, stranded", kept, counted)
 
 
 def check_reservations_whole() -> list[str]:
