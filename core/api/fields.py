@@ -14,9 +14,11 @@ from typing import Any, cast
 from django.core.validators import RegexValidator
 from django.utils.functional import cached_property
 from rest_framework import serializers
+from rest_framework.fields import empty
 from rest_framework.settings import api_settings
 from rest_framework.utils.serializer_helpers import BindingDict
 
+from core.api.compiled import fast_validated
 from core.constants import MAX_TIME_MS, NODE_ID_REGEX, POOL_ID_REGEX, TENANT_ID_REGEX
 from core.durations import (
     DURATION_PATTERN,
@@ -58,6 +60,14 @@ class StrictSerializer(serializers.Serializer):
             prototype._prototype = True
             fields = by_class[type(self)] = prototype.fields
         return fields
+
+    def run_validation(self, data: Any = empty) -> Any:
+        if self.parent is None:
+            # A body the compiled walk can follow is validated by it; anything else, errors included, by DRF.
+            validated = fast_validated(self, data)
+            if validated is not None:
+                return validated
+        return super().run_validation(data)
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, dict):
