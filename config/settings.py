@@ -62,11 +62,13 @@ MIDDLEWARE = [
     # The admin's and the API docs' static files, served by the app server itself,
     # from the apps' folders (no collectstatic step, no CDN, same in dev and production).
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Django's sessions, user and messages, for the admin's pages; the API's methods (bearer
+    # tokens only) pass them by (core/pages_middleware.py).
+    "core.pages_middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "core.pages_middleware.AuthenticationMiddleware",
+    "core.pages_middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Nodes are told about a create or a release after its response has gone out.
     "reservations.api.middleware.DeliverAfterResponse",
