@@ -1,14 +1,17 @@
-"""JSON in and out: the body's checks before parsing, the strict parser, the escaping renderer."""
+"""JSON in and out: the checks before parsing, the strict parser, the negotiation, the escaping renderer."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import JSONParser
-from rest_framework.renderers import JSONRenderer
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
+from rest_framework.settings import api_settings
 
 from core.errors import InvalidInput
 from core.json_input import json_loads_strict
@@ -77,3 +80,34 @@ class EscapedJSONRenderer(JSONRenderer):
                 data, ensure_ascii=True, cls=self.encoder_class, separators=(",", ":")
             ).encode()
         return rendered.replace(b"<", b"\\u003c").replace(b">", b"\\u003e").replace(b"&", b"\\u0026")
+
+
+# What a client that asks for JSON, or for anything, sends as `Accept`; None: no header at all
+# (an empty header accepts nothing, and DRF answers it 406).
+_PLAIN_ACCEPTS = frozenset({None, "*/*", JSON_MEDIA_TYPE})
+
+
+class JSONNegotiation(DefaultContentNegotiation):
+    """DRF's negotiation, with its answer for the plain case known in advance.
+
+    Every method answers JSON only. A request with no `Accept`, `*/*` or
+    `application/json`, and no `?format=`, gets the JSON renderer and
+    `application/json`, as DRF's own parsing of the header would say (about
+    35 µs of each request's CPU); anything else is negotiated by DRF, which
+    answers 406 where JSON is not acceptable.
+    """
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderers = list(renderers)
+        if (
+            format_suffix is None
+            and len(renderers) == 1
+            and renderers[0].media_type == JSON_MEDIA_TYPE
+            and request.META.get("HTTP_ACCEPT") in _PLAIN_ACCEPTS
+            and api_settings.URL_FORMAT_OVERRIDE not in request.GET
+        ):
+            return renderers[0], JSON_MEDIA_TYPE
+        chosen: tuple[BaseRenderer, str] = super().select_renderer(request, renderers, format_suffix)
+        return chosen

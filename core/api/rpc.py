@@ -19,7 +19,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api.parsing import EscapedJSONRenderer, StrictJSONParser, check_json_body
+from core.api.parsing import EscapedJSONRenderer, JSONNegotiation, StrictJSONParser, check_json_body
 from core.api.schema import RpcAutoSchema, Rule, method_responses, rules_description
 from core.authentication import BearerTokenAuthentication, PrincipalRequired, principal_of
 from core.decisions import WRITE_PERMISSIONS, decide_platform, decide_tenant
@@ -34,6 +34,7 @@ class RpcViewSet(viewsets.ViewSet):
     permission_classes = [PrincipalRequired]
     parser_classes = [StrictJSONParser]
     renderer_classes = [EscapedJSONRenderer]
+    content_negotiation_class = JSONNegotiation
     schema = RpcAutoSchema()
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
