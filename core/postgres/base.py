@@ -1,4 +1,6 @@
-"""Django's PostgreSQL backend, with one method replaced.
+"""Django's PostgreSQL backend, with its health check and its cursors made cheaper.
+
+The health check:
 
 `CONN_HEALTH_CHECKS` makes Django send `SELECT 1` before the first query of
 every request (and again before the delivery that runs after the response):
@@ -14,11 +16,80 @@ the same socket.
 from __future__ import annotations
 
 import select
+from typing import Any
 
+import psycopg
 from django.db.backends.postgresql import base
+from psycopg.pq import Format
+
+_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
+
+# Closed cursors kept per connection for the next `connection.cursor()`; more are closed for real.
+SHELF_SIZE = 8
+
+
+class _Shelved:
+    """Mixin for the connection's cursor class: `close` puts the cursor back on its connection's shelf.
+
+    A request sends a dozen statements, each through a new cursor, and a new
+    psycopg cursor costs about 35 µs of CPU before its statement (its adapter
+    map, its Django wrapper, its first look-ups of the statement's types). A
+    closed cursor is emptied (`_reset`: no result, no rows, no query) and kept
+    on a shelf that belongs to its connection, so it goes with the connection
+    when Django reconnects; `DatabaseWrapper.create_cursor` takes it from there.
+    A cursor is never on the shelf while in use, and closing it twice shelves it once.
+    """
+
+    _shelved = False
+
+    def close(self) -> None:
+        if self._shelved:
+            return
+        conn: Any = self._conn  # type: ignore[attr-defined]
+        shelf: list[Any] | None = getattr(conn, "cursor_shelf", None)
+        if shelf is None or conn.closed or self.closed or len(shelf) >= SHELF_SIZE:  # type: ignore[attr-defined]
+            super().close()  # type: ignore[misc]
+            return
+        self._reset()  # type: ignore[attr-defined]
+        self._last_query = None
+        self._shelved = True
+        shelf.append(self)
+
+
+_SHELVED_CLASSES: dict[type, type] = {}
+
+
+def _shelved_class(cursor_class: type) -> type:
+    if cursor_class not in _SHELVED_CLASSES:
+        _SHELVED_CLASSES[cursor_class] = type(f"Shelved{cursor_class.__name__}", (_Shelved, cursor_class), {})
+    return _SHELVED_CLASSES[cursor_class]
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    def get_connection_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = super().get_connection_params()
+        params["cursor_factory"] = _shelved_class(params["cursor_factory"])
+        return params
+
+    def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
+        connection = super().get_new_connection(conn_params)
+        connection.cursor_shelf = []
+        return connection
+
+    def create_cursor(self, name: str | None = None) -> Any:
+        """A shelved cursor of this connection when there is one (never for a named, server-side cursor)."""
+        shelf: list[Any] | None = getattr(self.connection, "cursor_shelf", None)
+        if name is None and shelf:
+            cursor = shelf.pop()
+            cursor._shelved = False
+            # Django gives a cursor a time-zone loader of its own where the connection's disagrees
+            # with the current zone (a test's override): such a cursor is made new, as Django makes it.
+            tzloader = self.connection.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
+            if self.timezone == tzloader.timezone:
+                return cursor
+            cursor.close()
+        return super().create_cursor(name)
+
     def close_if_health_check_failed(self) -> None:
         """Django's check, skipped while the idle connection's socket has nothing to read."""
         checks = getattr(self, "health_check_enabled", False)  # set by Django's connect()
