@@ -308,13 +308,29 @@ def reservation_release(
     """End the reservation now: running bookings end at `compute_now()`, future ones are deleted.
 
     Scalars, quota and rollup counts are given back once; releasing twice is
-    harmless. With `tenant_id`, another tenant's reservation is NOT_FOUND
-    (only `reservation.pk` is read, so the API passes an unsaved stub).
-    `rate`: the API's write count, made in the release's last statement
+    harmless. Only `reservation.pk` is read; see `reservation_release_id`.
+    """
+    return reservation_release_id(
+        reservation_id=reservation.pk, actor=actor, reason=reason, tenant_id=tenant_id, rate=rate
+    )
+
+
+def reservation_release_id(
+    *,
+    reservation_id: str,
+    actor: str,
+    reason: str = "",
+    tenant_id: str | None = None,
+    rate: WriteCount | None = None,
+) -> Reservation:
+    """`reservation_release` by id, as the API has it (making a model to carry an id cost 30 µs).
+
+    With `tenant_id`, another tenant's reservation is NOT_FOUND. `rate`: the
+    API's write count, made in the release's last statement
     (`core.ratelimit.write_counted`); past a limit, the release rolls back.
     """
     return _release_once(
-        reservation_id=reservation.pk, actor=actor, reason=reason, tenant_id=tenant_id, rate=rate
+        reservation_id=reservation_id, actor=actor, reason=reason, tenant_id=tenant_id, rate=rate
     )
 
 

@@ -30,11 +30,10 @@ from reservations.api.serializers import (
     ReservationOutput,
     ReservationRefInput,
 )
-from reservations.models import Reservation
 from reservations.request.resolve import reservation_request_resolve, resolve_refusals
 from reservations.request.serializers import RESERVATION_REQUEST_RULES, ReservationRequestSerializer
 from reservations.selectors import reservation_get, reservation_list, reservation_payload
-from reservations.services import reservation_create, reservation_release, reservation_renew
+from reservations.services import reservation_create, reservation_release_id, reservation_renew
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -148,8 +147,8 @@ class ReservationsViewSet(RpcViewSet):
         # The service locks the row filtered by tenant (NOT_FOUND otherwise): no read before it.
         # The write is counted in the release's last statement.
         with rpc_write_counted(request, tenant_id=data["tenant_id"]) as rate:
-            reservation = reservation_release(
-                reservation=Reservation(pk=data["reservation_id"]),
+            reservation = reservation_release_id(
+                reservation_id=data["reservation_id"],
                 actor=actor_of(request),
                 tenant_id=data["tenant_id"],
                 rate=rate,
