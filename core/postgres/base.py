@@ -15,6 +15,7 @@ the same socket.
 
 from __future__ import annotations
 
+import functools
 import select
 from typing import Any
 
@@ -56,13 +57,10 @@ class _Shelved:
         shelf.append(self)
 
 
-_SHELVED_CLASSES: dict[type, type] = {}
-
-
+@functools.cache
 def _shelved_class(cursor_class: type) -> type:
-    if cursor_class not in _SHELVED_CLASSES:
-        _SHELVED_CLASSES[cursor_class] = type(f"Shelved{cursor_class.__name__}", (_Shelved, cursor_class), {})
-    return _SHELVED_CLASSES[cursor_class]
+    """Django's cursor class for the connection, with `_Shelved` first (one class per base)."""
+    return type(f"Shelved{cursor_class.__name__}", (_Shelved, cursor_class), {})
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
