@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import psycopg
 
@@ -51,7 +51,7 @@ def server_find() -> Server:
     url = os.environ.get("DATABASE_URL", "")
     if url:
         parts = urlsplit(url)
-        query = dict(p.split("=", 1) for p in parts.query.split("&") if "=" in p)
+        query = dict(parse_qsl(parts.query))  # decoded: a socket directory comes as host=%2F...
         host = query.get("host") or parts.hostname or ""
         port = query.get("port") or (str(parts.port) if parts.port else "")
         return Server(host=host, port=port, user=parts.username or "postgres", password=parts.password or "")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.charts import chart_earliest, chart_preview, chart_reads, chart_throughput
+from bench.instructions import instructions_line
 from bench.profile import FRAMEWORK, STAGES, database_cpu_line, unprobed_cpu_line
 from bench.targets import targets
 
@@ -301,6 +302,13 @@ def _profile_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
             database_cpu_line(profile) + ".",
             "",
         ]
+        counted = results["sizes"][size].get("instructions")
+        if counted:
+            lines += [
+                instructions_line(counted, profile)
+                + ". The CPU figures move with the machine; these counts do not (`bench/instructions.py`).",
+                "",
+            ]
     return lines
 
 

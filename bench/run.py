@@ -9,7 +9,8 @@ previews at both sizes (`bench/reads.py`), and at the large size the create +
 release throughput through HTTP next to its SQL floor (`bench/throughput.py`),
 the rebuild and the timeline, the gunicorn workers' peak memory, where one
 create and one release spend their time at each size (`bench/profile.py`: per
-stage, through the real views), and the worker process's cost
+stage, through the real views) and, at the large size, what they cost in
+instructions (`bench/instructions.py`, under callgrind), and the worker process's cost
 (`bench/worker.py`: a pass of every job, CPU per minute idle and with the
 fleet's bookings).
 
@@ -172,6 +173,16 @@ def _size_measure(
     return size
 
 
+def _instructions(*, profile: dict[str, Any], clock: Clock, nodes: int) -> dict[str, Any] | None:
+    """The same create and release counted in instructions, under callgrind (`bench/instructions.py`)."""
+    from bench.instructions import instructions_line, instructions_measure
+
+    counted = instructions_measure(clock=clock, nodes=nodes)
+    if counted is not None:
+        console.print("  " + instructions_line(counted, profile))
+    return counted
+
+
 def _served_measure(
     *, server: Server, fleet: dict[str, Any], nodes: int, largest: bool, clock: Clock
 ) -> dict[str, Any]:
@@ -189,6 +200,8 @@ def _served_measure(
         # In this process (the server idle), before the throughput runs churn the tables: every
         # size is profiled on its freshly filled fleet.
         size["profile"] = _profile(tokens=tokens, pools=pools, clock=clock, nodes=nodes)
+        if largest:
+            size["instructions"] = _instructions(profile=size["profile"], clock=clock, nodes=nodes)
         size["create_one_client"] = create_one_client(
             port=gunicorn.port, tokens=tokens, pools=pools, clock=clock, nodes=nodes
         )

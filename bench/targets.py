@@ -58,7 +58,7 @@ def targets(results: dict[str, Any]) -> list[Row]:
     rows = _read_rows(small, big, sizes)
     rows += _create_rows(results, sizes)
     if big.get("profile"):
-        rows += _profile_rows(big["profile"])
+        rows += _profile_rows(big["profile"], big.get("instructions"))
     rows += _selector_rows(small, big, sizes)
     if big.get("throughput"):
         rows += _throughput_rows(big["throughput"])
@@ -69,8 +69,12 @@ def targets(results: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def _profile_rows(profile: dict[str, Any]) -> list[Row]:
-    """Statements and the server's CPU per create and per release (its delivery included)."""
+def _profile_rows(profile: dict[str, Any], counted: dict[str, Any] | None = None) -> list[Row]:
+    """Statements and the server's CPU per create and per release (its delivery included).
+
+    Where the bench counted instructions (`bench.instructions`), the CPU row
+    says how many: the figure that reads the same on another machine.
+    """
     rows: list[Row] = []
     for op in ("create", "release"):
         measured = profile[op]
@@ -89,7 +93,8 @@ def _profile_rows(profile: dict[str, Any]) -> list[Row]:
                 (
                     f"server CPU per {op} p50 (`time.process_time`, delivery included) ≤ {CPU_P50_MS[op]:g} ms",
                     f"{cpu:.2f} ms (unprobed; {profile[op]['probed_cpu_p50_ms']:.2f} ms probed,"
-                    f" of {profile[op]['p50_ms']:.2f} ms)",
+                    f" of {profile[op]['p50_ms']:.2f} ms)"
+                    + (f"; {counted[op]['p50'] / 1e6:.2f} M instructions" if counted else ""),
                     _verdict(cpu <= CPU_P50_MS[op]),
                 )
             )

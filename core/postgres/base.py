@@ -23,6 +23,8 @@ import psycopg
 from django.db.backends.postgresql import base
 from psycopg.pq import Format
 
+from core.postgres.arrays import list_dumper_register
+
 _TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
 
 # Closed cursors kept per connection for the next `connection.cursor()`; more are closed for real.
@@ -72,6 +74,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         connection = super().get_new_connection(conn_params)
         connection.cursor_shelf = []
+        list_dumper_register(connection)
         return connection
 
     def create_cursor(self, name: str | None = None) -> Any:

@@ -1,0 +1,231 @@
+"""What one create and one release cost in instructions: a count that does not change with the machine.
+
+The profile's CPU figures (`bench.profile`, `time.process_time`) are what the
+targets compare, but they move with the machine: the same commit read 3.1 ms
+per create on one machine of this project and twice that on another. The
+number of instructions the process runs for a request does not: valgrind's
+callgrind counts them (user space, the process's own), the same from run to
+run and from machine to machine, for the same Python, packages and data. So
+two commits can be compared on any machine, and a page's CPU figure can be
+read against the machine's speed (instructions per microsecond of CPU).
+
+`python -m bench.instructions --nodes N --reuse-db` counts on the kept fleet
+(`python -m bench.profile --nodes N --keep-db` builds it); `python -m bench`
+counts on its large fleet when valgrind is installed.
+
+How: this process starts a child under callgrind with `--dump-before=getppid`,
+so every `os.getppid()` the child calls writes the instructions counted since
+the one before. The child sends each create and release through Django's
+test client, as `bench.profile` does, with a mark right before and right after
+each request; it writes down what each interval was. Nothing else in the
+child calls `getppid` (the parent checks that the number of dumps matches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.clock import Clock, console
+
+SAMPLES = 20
+WARMUP = 10
+# The intervals the child names; only the requests' are kept.
+REQUESTS = ("create", "release")
+_SUMMARY = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
+_PART = re.compile(rb"^part: (\d+)", re.MULTILINE)
+
+
+def mark(labels: list[str], label: str) -> None:
+    """Start the interval `label`: callgrind dumps what it counted since the last mark."""
+    labels.append(label)
+    os.getppid()
+
+
+def parts_read(directory: Path, stem: str) -> dict[int, int]:
+    """{part number: instructions} of every dump callgrind wrote as `stem`, `stem.1`, `stem.2`, ..."""
+    parts: dict[int, int] = {}
+    for path in directory.glob(f"{stem}*"):
+        dump = path.read_bytes()
+        part, summary = _PART.search(dump), _SUMMARY.search(dump)
+        if part is None or summary is None:
+            raise RuntimeError(f"{path.name} is not a callgrind dump")
+        parts[int(part.group(1))] = int(summary.group(1))
+    return parts
+
+
+def intervals_label(parts: dict[int, int], labels: list[str]) -> dict[str, list[int]]:
+    """Each labelled interval's instructions: part 1 is before the first mark, part k + 1 after mark k."""
+    if sorted(parts) != list(range(1, len(labels) + 2)):
+        raise RuntimeError(
+            f"{len(parts)} callgrind dumps for {len(labels)} marks: something else called getppid"
+        )
+    counted: dict[str, list[int]] = {}
+    for index, label in enumerate(labels, start=2):
+        counted.setdefault(label, []).append(parts[index])
+    return counted
+
+
+def _summary(values: list[int]) -> dict[str, Any]:
+    return {
+        "p50": int(statistics.median(values)),
+        "min": min(values),
+        "max": max(values),
+        "samples": len(values),
+    }
+
+
+def valgrind_path() -> str | None:
+    return shutil.which("valgrind")
+
+
+def callgrind_parts(argv: list[str], *, valgrind: str) -> dict[int, int]:
+    """Run `argv` under callgrind, dumping at every `getppid`: {part number: instructions}.
+
+    Python's string hashing is fixed (`PYTHONHASHSEED=0`), so that dicts and
+    sets are laid out, and so walked, the same from run to run.
+    """
+    with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as tmp:
+        command = [
+            valgrind,
+            "--tool=callgrind",
+            "--dump-before=getppid",
+            "--collect-jumps=no",
+            f"--callgrind-out-file={Path(tmp) / 'callgrind.out'}",
+            *argv,
+        ]
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        child = subprocess.run(command, env=env, capture_output=True, text=True)  # noqa: S603 - our own argv
+        if child.returncode != 0:
+            raise RuntimeError(
+                f"under callgrind, {argv} failed:\n{child.stdout[-2000:]}{child.stderr[-4000:]}"
+            )
+        return parts_read(Path(tmp), "callgrind.out")
+
+
+def instructions_measure(
+    *, clock: Clock, samples: int = SAMPLES, warmup: int = WARMUP, nodes: int = 0
+) -> dict[str, Any] | None:
+    """Count a create's and a release's instructions in a child under callgrind; None without valgrind."""
+    valgrind = valgrind_path()
+    if valgrind is None:
+        console.print("  valgrind not found: instructions not counted")
+        return None
+    version = subprocess.run([valgrind, "--version"], capture_output=True, text=True).stdout.strip()  # noqa: S603
+    with tempfile.TemporaryDirectory(prefix="bench-labels-") as tmp:
+        labels_path = Path(tmp) / "labels.json"
+        argv = [sys.executable, "-m", "bench.instructions", "--child", "--labels", str(labels_path)]
+        argv += ["--samples", str(samples), "--warmup", str(warmup)]
+        step = f"{nodes:,} nodes: instructions of create + release x{samples} (callgrind)"
+        with clock.step(step), console.status("the child runs under callgrind (some fifty times slower)"):
+            parts = callgrind_parts(argv, valgrind=valgrind)
+        counted = intervals_label(parts, json.loads(labels_path.read_text()))
+    result: dict[str, Any] = {op: _summary(counted[op]) for op in REQUESTS}
+    result["valgrind"] = version
+    result["python"] = sys.version.split()[0]
+    return result
+
+
+def instructions_line(counted: dict[str, Any], profile: dict[str, Any] | None = None) -> str:
+    """One line for the terminal and the page: millions of instructions, and this machine's rate."""
+    parts = []
+    for op in REQUESTS:
+        row = counted[op]
+        text = f"{op} {row['p50'] / 1e6:.2f} M ({row['min'] / 1e6:.2f} to {row['max'] / 1e6:.2f})"
+        cpu = (profile or {}).get(op, {}).get("cpu_p50_ms")
+        if cpu:
+            text += f" ({row['p50'] / (cpu * 1000):,.0f} per µs of this machine's CPU)"
+        parts.append(text)
+    return (
+        f"instructions per request (callgrind, median of {counted['create']['samples']}; "
+        f"the same on any machine with Python {counted['python']}): " + "; ".join(parts)
+    )
+
+
+def _child(labels_path: Path, samples: int, warmup: int) -> None:
+    """Under callgrind: `warmup` pairs unmarked, then `samples` pairs with a mark around each request."""
+    from bench.load import one_gpu_hour
+    from bench.profile import _host, main_pool_ready
+
+    labels: list[str] = []
+    with main_pool_ready(nodes=0, reuse_db=True, keep_db=True, clock=Clock()) as (token, tenant, pool_id):
+        from django.test import Client
+        from django.test.utils import override_settings
+
+        client = Client(SERVER_NAME=_host(), HTTP_AUTHORIZATION=f"Bearer {token}")
+        stamp = f"{time.time_ns():x}"
+
+        def pair(index: int, marked: bool) -> None:
+            body = json.dumps(one_gpu_hour(tenant_id=tenant, pool_id=pool_id, key=f"cg-{stamp}-{index}"))
+            if marked:
+                mark(labels, "create")
+            response = client.post("/api/compute/reservations/create", body, "application/json")
+            if marked:
+                mark(labels, "between")
+            if response.status_code != 201:
+                raise RuntimeError(
+                    f"reservations/create answered {response.status_code}: {response.content!r}"
+                )
+            ref = json.dumps({"tenantId": tenant, "reservationId": json.loads(response.content)["id"]})
+            if marked:
+                mark(labels, "release")
+            response = client.post("/api/compute/reservations/release", ref, "application/json")
+            if marked:
+                mark(labels, "between")
+            if response.status_code != 200:
+                raise RuntimeError(
+                    f"reservations/release answered {response.status_code}: {response.content!r}"
+                )
+
+        # As in bench.profile: the bench's own writes are not to be refused by the rate limits. A
+        # request takes some fifty times longer under callgrind, so the token, remembered for a
+        # second, would be read again every other request instead of once in a few hundred: it is
+        # remembered for the run.
+        with override_settings(
+            API_WRITES_PER_MINUTE_PER_TOKEN=10**9,
+            API_WRITES_PER_MINUTE_PER_TENANT=10**9,
+            AUTH_CACHE_SECONDS=3600,
+        ):
+            for index in range(warmup):
+                pair(index, marked=False)
+            for index in range(warmup, warmup + samples):
+                pair(index, marked=True)
+    mark(labels, "end")
+    labels_path.write_text(json.dumps(labels))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.instructions --nodes N`: count on a fleet of its own (or the kept one)."""
+    from bench.profile import fleet_arguments, main_pool_ready
+
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
+    fleet_arguments(parser)
+    parser.add_argument("--samples", type=int, default=SAMPLES, help="creates + releases counted")
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="pairs run first, not counted")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--labels", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args.labels, args.samples, args.warmup)
+        return
+    clock = Clock()
+    with main_pool_ready(nodes=args.nodes, reuse_db=args.reuse_db, keep_db=args.keep_db, clock=clock):
+        counted = instructions_measure(
+            clock=clock, samples=args.samples, warmup=args.warmup, nodes=args.nodes
+        )
+    if counted is not None:
+        console.print(instructions_line(counted))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The bench's instruction counter: each marked interval gets its own count, and a stray dump is refused.
+
+`bench.instructions` runs a child under valgrind's callgrind, which dumps its
+count at every `getppid`. The counts must land on the intervals the child
+named, in order, and be repeatable: the same work counted twice reads the
+same, and twice the work reads about twice as much.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.instructions import callgrind_parts, intervals_label, valgrind_path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_CHILD = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+from bench.instructions import mark
+
+def work(n):
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+labels = []
+mark(labels, "small"); work(20_000)
+mark(labels, "large"); work(40_000)
+mark(labels, "small"); work(20_000)
+{stray}
+mark(labels, "end")
+with open({labels_path!r}, "w") as out:
+    json.dump(labels, out)
+"""
+
+
+def _valgrind() -> str:
+    path = valgrind_path()
+    if path is None:
+        if os.environ.get("REQUIRE_VALGRIND") == "1":
+            pytest.fail("valgrind is not installed (apt-get install valgrind)")
+        pytest.skip("valgrind is not installed (apt-get install valgrind); CI sets REQUIRE_VALGRIND=1")
+    return path
+
+
+def _run(tmp_path: Path, *, stray: str = "") -> tuple[dict[int, int], list[str]]:
+    labels_path = tmp_path / "labels.json"
+    script = _CHILD.format(root=str(ROOT), stray=stray, labels_path=str(labels_path))
+    parts = callgrind_parts([sys.executable, "-c", script], valgrind=_valgrind())
+    return parts, json.loads(labels_path.read_text())
+
+
+def test_each_interval_is_counted_apart_and_repeatably(tmp_path: Path) -> None:
+    parts, labels = _run(tmp_path)
+    counted = intervals_label(parts, labels)
+    assert labels == ["small", "large", "small", "end"]
+    (first, second), (large,) = counted["small"], counted["large"]
+    # The same work reads the same count (a few instructions of the marks aside) ...
+    assert abs(first - second) < 0.01 * first
+    # ... and twice the work about twice as much.
+    assert 1.8 * first < large < 2.2 * first
+
+
+def test_a_dump_no_mark_asked_for_is_refused(tmp_path: Path) -> None:
+    parts, labels = _run(tmp_path, stray="os.getppid()")
+    with pytest.raises(RuntimeError, match="something else called getppid"):
+        intervals_label(parts, labels)
+
+
+def test_parts_map_to_the_marks_in_order() -> None:
+    # Part 1 is everything before the first mark; part k + 1 is what follows mark k.
+    counted = intervals_label({1: 100, 2: 7, 3: 9, 4: 8, 5: 1}, ["a", "b", "a", "end"])
+    assert counted == {"a": [7, 8], "b": [9], "end": [1]}
+    with pytest.raises(RuntimeError):
+        intervals_label({1: 100, 2: 7}, ["a", "end"])
