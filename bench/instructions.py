@@ -165,27 +165,23 @@ def _child(labels_path: Path, samples: int, warmup: int) -> None:
         client = Client(SERVER_NAME=_host(), HTTP_AUTHORIZATION=f"Bearer {token}")
         stamp = f"{time.time_ns():x}"
 
+        def request(method: str, body: str, expect: int, marked: bool) -> dict[str, Any]:
+            if marked:
+                mark(labels, method)
+            response = client.post(f"/api/compute/reservations/{method}", body, "application/json")
+            if marked:
+                mark(labels, "between")
+            if response.status_code != expect:
+                raise RuntimeError(
+                    f"reservations/{method} answered {response.status_code}: {response.content!r}"
+                )
+            answer: dict[str, Any] = json.loads(response.content)
+            return answer
+
         def pair(index: int, marked: bool) -> None:
-            body = json.dumps(one_gpu_hour(tenant_id=tenant, pool_id=pool_id, key=f"cg-{stamp}-{index}"))
-            if marked:
-                mark(labels, "create")
-            response = client.post("/api/compute/reservations/create", body, "application/json")
-            if marked:
-                mark(labels, "between")
-            if response.status_code != 201:
-                raise RuntimeError(
-                    f"reservations/create answered {response.status_code}: {response.content!r}"
-                )
-            ref = json.dumps({"tenantId": tenant, "reservationId": json.loads(response.content)["id"]})
-            if marked:
-                mark(labels, "release")
-            response = client.post("/api/compute/reservations/release", ref, "application/json")
-            if marked:
-                mark(labels, "between")
-            if response.status_code != 200:
-                raise RuntimeError(
-                    f"reservations/release answered {response.status_code}: {response.content!r}"
-                )
+            body = one_gpu_hour(tenant_id=tenant, pool_id=pool_id, key=f"cg-{stamp}-{index}")
+            created = request("create", json.dumps(body), 201, marked)
+            request("release", json.dumps({"tenantId": tenant, "reservationId": created["id"]}), 200, marked)
 
         # As in bench.profile: the bench's own writes are not to be refused by the rate limits. A
         # request takes some fifty times longer under callgrind, so the token, remembered for a
