@@ -141,14 +141,14 @@ def instructions_line(counted: dict[str, Any], profile: dict[str, Any] | None = 
     parts = []
     for op in REQUESTS:
         row = counted[op]
-        text = f"{op} {row['p50'] / 1e6:.2f} M ({row['min'] / 1e6:.2f} to {row['max'] / 1e6:.2f})"
+        spread = f"{row['min'] / 1e6:.2f} to {row['max'] / 1e6:.2f}"
         cpu = (profile or {}).get(op, {}).get("cpu_p50_ms")
         if cpu:
-            text += f" ({row['p50'] / (cpu * 1000):,.0f} per µs of this machine's CPU)"
-        parts.append(text)
+            spread += f"; {row['p50'] / (cpu * 1000):,.0f} per µs of this machine's CPU"
+        parts.append(f"{op} {row['p50'] / 1e6:.2f} M ({spread})")
     return (
-        f"instructions per request (callgrind, median of {counted['create']['samples']}; "
-        f"the same on any machine with Python {counted['python']}): " + "; ".join(parts)
+        f"Instructions per request (callgrind, median of {counted['create']['samples']}; "
+        f"the same on any machine with Python {counted['python']} and these packages): " + "; ".join(parts)
     )
 
 
