@@ -4,8 +4,9 @@ The profile's CPU figures (`bench.profile`, `time.process_time`) are what the
 targets compare, but they move with the machine: the same commit read 3.1 ms
 per create on one machine of this project and twice that on another. The
 number of instructions the process runs for a request does not: valgrind's
-callgrind counts them (user space, the process's own), the same from run to
-run and from machine to machine, for the same Python, packages and data. So
+callgrind counts them (user space, the process's own), the same on any
+machine for the same Python, packages and data, and within a few per cent
+from run to run on a fleet that each run adds bookings to. So
 two commits can be compared on any machine, and a page's CPU figure can be
 read against the machine's speed (instructions per microsecond of CPU).
 
