@@ -87,7 +87,8 @@ class ListDumper(array.ListDumper):
         if kind is int:
             return b"{" + ",".join(map(str, obj)).encode() + b"}"
         dump = sub.dump
-        joined = b",".join([dump(item) for item in obj])
+        texts: list[Any] = [dump(item) for item in obj]  # bytes: a str element's dumper returns no None
+        joined = b",".join(texts)
         if (
             not joined.isascii()
             or joined.count(b",") != len(obj) - 1

@@ -51,8 +51,9 @@ def _dumped(context: Any, value: list[Any]) -> tuple[bytes | None, int]:
     """What a statement with `value` as its one parameter would send: (text, type oid)."""
     transformer = Transformer(context)
     params = transformer.dump_sequence([value], [PyFormat.AUTO])
-    sent = params[0]
-    return (bytes(sent) if sent is not None else None), transformer.types[0]
+    sent, types = params[0], transformer.types
+    assert types is not None
+    return (bytes(sent) if sent is not None else None), types[0]
 
 
 def _psycopg_own() -> AdaptersMap:
