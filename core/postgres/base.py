@@ -19,13 +19,12 @@ import functools
 import select
 from typing import Any
 
-import psycopg
+from django.db.backends import utils
 from django.db.backends.postgresql import base
 from psycopg.pq import Format
 
 from core.postgres.arrays import list_dumper_register
-
-_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
+from core.postgres.timestamps import TIMESTAMPTZ_OID, timestamptz_loader_register
 
 # Closed cursors kept per connection for the next `connection.cursor()`; more are closed for real.
 SHELF_SIZE = 8
@@ -65,7 +64,59 @@ def _shelved_class(cursor_class: type) -> type:
     return type(f"Shelved{cursor_class.__name__}", (_Shelved, cursor_class), {})
 
 
+class _Direct:
+    """Mixin for Django's cursor wrappers: what the service calls on every statement, as attributes.
+
+    Django's `CursorWrapper` finds `close`, `fetchone`, `rowcount` and the
+    rest in `__getattr__`, which Python calls only after the usual look-up
+    failed, raising an `AttributeError` and formatting its message: a few
+    microseconds, several times per statement. Here they are found at once,
+    and do what Django's `__getattr__` gives: the psycopg cursor's own, with
+    its fetches inside `wrap_database_errors`.
+    """
+
+    cursor: Any
+    db: Any
+
+    def close(self) -> None:
+        self.cursor.close()
+
+    def fetchone(self) -> Any:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchall()  # type: ignore[no-any-return]
+
+    def fetchmany(self, *args: Any, **kwargs: Any) -> list[Any]:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchmany(*args, **kwargs)  # type: ignore[no-any-return]
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount  # type: ignore[no-any-return]
+
+    @property
+    def description(self) -> Any:
+        return self.cursor.description
+
+
+class CursorWrapper(_Direct, utils.CursorWrapper):
+    pass
+
+
+class CursorDebugWrapper(_Direct, utils.CursorDebugWrapper):
+    pass
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
+    def make_cursor(self, cursor: Any) -> CursorWrapper:
+        return CursorWrapper(cursor, self)
+
+    def make_debug_cursor(self, cursor: Any) -> CursorDebugWrapper:
+        return CursorDebugWrapper(cursor, self)
+
     def get_connection_params(self) -> dict[str, Any]:
         params: dict[str, Any] = super().get_connection_params()
         params["cursor_factory"] = _shelved_class(params["cursor_factory"])
@@ -75,6 +126,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         connection = super().get_new_connection(conn_params)
         connection.cursor_shelf = []
         list_dumper_register(connection)
+        timestamptz_loader_register(connection, zone=self.timezone)
         return connection
 
     def create_cursor(self, name: str | None = None) -> Any:
@@ -85,7 +137,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             cursor._shelved = False
             # Django gives a cursor a time-zone loader of its own where the connection's disagrees
             # with the current zone (a test's override): such a cursor is made new, as Django makes it.
-            tzloader = self.connection.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
+            tzloader = self.connection.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)
             if self.timezone == tzloader.timezone:
                 return cursor
             cursor.close()
