@@ -36,11 +36,13 @@ class UtcTimestamptzLoader(Loader):
 
     def __init__(self, oid: int, context: Any = None) -> None:
         super().__init__(oid, context)
-        # The instance's `load` is psycopg's, bound: no Python frame between it and each value.
-        self.load = _PSYCOPG_LOADER(oid, context).load  # type: ignore[method-assign]
+        self._psycopgs = _PSYCOPG_LOADER(oid, context)
+        # psycopg's bound `load` on the instance, ahead of the method below: psycopg calls it for
+        # each value with no Python frame of ours in between.
+        self.load = self._psycopgs.load  # type: ignore[method-assign]
 
-    def load(self, data: Any) -> datetime.datetime:  # pragma: no cover - replaced per instance
-        raise NotImplementedError
+    def load(self, data: Any) -> datetime.datetime:  # pragma: no cover - the instance's own is called
+        return self._psycopgs.load(data)  # type: ignore[no-any-return]
 
 
 def timestamptz_loader_register(connection: Any, *, zone: datetime.tzinfo | None) -> bool:
