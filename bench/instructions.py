@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +54,25 @@ def mark(labels: list[str], label: str) -> None:
     os.getppid()
 
 
+def _part_paths(directory: Path, stem: str) -> dict[int, Path]:
+    """{part number: path} of every dump callgrind wrote as `stem`, `stem.1`, `stem.2`, ..."""
+    paths: dict[int, Path] = {}
+    for path in directory.glob(f"{stem}*"):
+        part = _PART.search(path.read_bytes())
+        if part is None:
+            raise RuntimeError(f"{path.name} is not a callgrind dump")
+        paths[int(part.group(1))] = path
+    return paths
+
+
 def parts_read(directory: Path, stem: str) -> dict[int, int]:
     """{part number: instructions} of every dump callgrind wrote as `stem`, `stem.1`, `stem.2`, ..."""
     parts: dict[int, int] = {}
-    for path in directory.glob(f"{stem}*"):
-        dump = path.read_bytes()
-        part, summary = _PART.search(dump), _SUMMARY.search(dump)
-        if part is None or summary is None:
+    for part, path in _part_paths(directory, stem).items():
+        summary = _SUMMARY.search(path.read_bytes())
+        if summary is None:
             raise RuntimeError(f"{path.name} is not a callgrind dump")
-        parts[int(part.group(1))] = int(summary.group(1))
+        parts[part] = int(summary.group(1))
     return parts
 
 
@@ -77,6 +88,26 @@ def intervals_label(parts: dict[int, int], labels: list[str]) -> dict[str, list[
     return counted
 
 
+def dumps_keep(directory: Path, labels: list[str], keep: Path, *, wanted: tuple[str, ...]) -> list[Path]:
+    """Copy the dumps of the `wanted` intervals to `keep`, named `<label>-<n>.callgrind.out`.
+
+    Each is one request's profile, function by function, for `callgrind_annotate`
+    (or KCachegrind): where its instructions went, not just how many there were.
+    """
+    paths = _part_paths(directory, "callgrind.out")
+    keep.mkdir(parents=True, exist_ok=True)
+    kept: list[Path] = []
+    seen: dict[str, int] = {}
+    for index, label in enumerate(labels, start=2):
+        if label not in wanted:
+            continue
+        seen[label] = seen.get(label, 0) + 1
+        target = keep / f"{label}-{seen[label]}.callgrind.out"
+        shutil.copyfile(paths[index], target)
+        kept.append(target)
+    return kept
+
+
 def _summary(values: list[int]) -> dict[str, Any]:
     return {
         "p50": int(statistics.median(values)),
@@ -90,11 +121,14 @@ def valgrind_path() -> str | None:
     return shutil.which("valgrind")
 
 
-def callgrind_parts(argv: list[str], *, valgrind: str) -> dict[int, int]:
+def callgrind_parts(
+    argv: list[str], *, valgrind: str, keep: Callable[[Path], object] | None = None
+) -> dict[int, int]:
     """Run `argv` under callgrind, dumping at every `getppid`: {part number: instructions}.
 
     Python's string hashing is fixed (`PYTHONHASHSEED=0`), so that dicts and
-    sets are laid out, and so walked, the same from run to run.
+    sets are laid out, and so walked, the same from run to run. `keep` is
+    handed the folder of the dumps before it is removed.
     """
     with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as tmp:
         command = [
@@ -111,13 +145,24 @@ def callgrind_parts(argv: list[str], *, valgrind: str) -> dict[int, int]:
             raise RuntimeError(
                 f"under callgrind, {argv} failed:\n{child.stdout[-2000:]}{child.stderr[-4000:]}"
             )
-        return parts_read(Path(tmp), "callgrind.out")
+        parts = parts_read(Path(tmp), "callgrind.out")
+        if keep is not None:
+            keep(Path(tmp))
+        return parts
 
 
 def instructions_measure(
-    *, clock: Clock, samples: int = SAMPLES, warmup: int = WARMUP, nodes: int = 0
+    *,
+    clock: Clock,
+    samples: int = SAMPLES,
+    warmup: int = WARMUP,
+    nodes: int = 0,
+    keep: Path | None = None,
 ) -> dict[str, Any] | None:
-    """Count a create's and a release's instructions in a child under callgrind; None without valgrind."""
+    """Count a create's and a release's instructions in a child under callgrind; None without valgrind.
+
+    With `keep`, each counted request's profile is copied there (`dumps_keep`).
+    """
     valgrind = valgrind_path()
     if valgrind is None:
         console.print("  valgrind not found: instructions not counted")
@@ -128,9 +173,21 @@ def instructions_measure(
         argv = [sys.executable, "-m", "bench.instructions", "--child", "--labels", str(labels_path)]
         argv += ["--samples", str(samples), "--warmup", str(warmup)]
         step = f"{nodes:,} nodes: instructions of create + release x{samples} (callgrind)"
+        kept: list[Path] = []
+
+        def keep_dumps(directory: Path) -> None:
+            if keep is not None:
+                labels = json.loads(labels_path.read_text())
+                kept.extend(dumps_keep(directory, labels, keep, wanted=REQUESTS))
+
         with clock.step(step), console.status("the child runs under callgrind (some fifty times slower)"):
-            parts = callgrind_parts(argv, valgrind=valgrind)
+            parts = callgrind_parts(argv, valgrind=valgrind, keep=keep_dumps)
         counted = intervals_label(parts, json.loads(labels_path.read_text()))
+    if kept:
+        console.print(
+            f"  {len(kept)} requests' profiles kept in {keep}; by function, callers included:"
+            f" callgrind_annotate --inclusive=yes --tree=caller {kept[0]}"
+        )
     result: dict[str, Any] = {op: _summary(counted[op]) for op in REQUESTS}
     result["valgrind"] = version
     result["python"] = sys.version.split()[0]
@@ -209,6 +266,12 @@ def main(argv: list[str] | None = None) -> None:
     fleet_arguments(parser)
     parser.add_argument("--samples", type=int, default=SAMPLES, help="creates + releases counted")
     parser.add_argument("--warmup", type=int, default=WARMUP, help="pairs run first, not counted")
+    parser.add_argument(
+        "--keep-dumps",
+        type=Path,
+        metavar="DIR",
+        help="copy each counted request's callgrind profile to DIR (create-1.callgrind.out, ...)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--labels", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -218,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     clock = Clock()
     with main_pool_ready(nodes=args.nodes, reuse_db=args.reuse_db, keep_db=args.keep_db, clock=clock):
         counted = instructions_measure(
-            clock=clock, samples=args.samples, warmup=args.warmup, nodes=args.nodes
+            clock=clock, samples=args.samples, warmup=args.warmup, nodes=args.nodes, keep=args.keep_dumps
         )
     if counted is not None:
         console.print(instructions_line(counted))

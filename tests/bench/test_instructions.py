@@ -12,10 +12,11 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench.instructions import callgrind_parts, intervals_label, valgrind_path
+from bench.instructions import callgrind_parts, dumps_keep, intervals_label, parts_read, valgrind_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,10 +51,10 @@ def _valgrind() -> str:
     return path
 
 
-def _run(tmp_path: Path, *, stray: str = "") -> tuple[dict[int, int], list[str]]:
+def _run(tmp_path: Path, *, stray: str = "", keep: Any = None) -> tuple[dict[int, int], list[str]]:
     labels_path = tmp_path / "labels.json"
     script = _CHILD.format(root=str(ROOT), stray=stray, labels_path=str(labels_path))
-    parts = callgrind_parts([sys.executable, "-c", script], valgrind=_valgrind())
+    parts = callgrind_parts([sys.executable, "-c", script], valgrind=_valgrind(), keep=keep)
     return parts, json.loads(labels_path.read_text())
 
 
@@ -80,3 +81,27 @@ def test_parts_map_to_the_marks_in_order() -> None:
     assert counted == {"a": [7, 8], "b": [9], "end": [1]}
     with pytest.raises(RuntimeError):
         intervals_label({1: 100, 2: 7}, ["a", "end"])
+
+
+def test_the_kept_profiles_are_the_counted_intervals_named_by_label(tmp_path: Path) -> None:
+    kept: list[Path] = []
+    labels_path = tmp_path / "labels.json"
+
+    def keep(directory: Path) -> None:
+        labels = json.loads(labels_path.read_text())
+        kept.extend(dumps_keep(directory, labels, tmp_path / "kept", wanted=("small", "large")))
+
+    parts, labels = _run(tmp_path, keep=keep)
+    counted = intervals_label(parts, labels)
+    assert [path.name for path in kept] == [
+        "small-1.callgrind.out",
+        "large-1.callgrind.out",
+        "small-2.callgrind.out",
+    ]
+    # Each kept file is that interval's own dump: its total is the count the interval was given.
+    totals = {path.name: next(iter(parts_read(path.parent, path.name).values())) for path in kept}
+    assert totals == {
+        "small-1.callgrind.out": counted["small"][0],
+        "large-1.callgrind.out": counted["large"][0],
+        "small-2.callgrind.out": counted["small"][1],
+    }
