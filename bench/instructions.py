@@ -54,26 +54,21 @@ def mark(labels: list[str], label: str) -> None:
     os.getppid()
 
 
-def _part_paths(directory: Path, stem: str) -> dict[int, Path]:
-    """{part number: path} of every dump callgrind wrote as `stem`, `stem.1`, `stem.2`, ..."""
-    paths: dict[int, Path] = {}
+def _dumps_read(directory: Path, stem: str) -> dict[int, tuple[Path, int]]:
+    """{part number: (path, instructions)} of every dump callgrind wrote as `stem`, `stem.1`, ..."""
+    dumps: dict[int, tuple[Path, int]] = {}
     for path in directory.glob(f"{stem}*"):
-        part = _PART.search(path.read_bytes())
-        if part is None:
+        dump = path.read_bytes()
+        part, summary = _PART.search(dump), _SUMMARY.search(dump)
+        if part is None or summary is None:
             raise RuntimeError(f"{path.name} is not a callgrind dump")
-        paths[int(part.group(1))] = path
-    return paths
+        dumps[int(part.group(1))] = (path, int(summary.group(1)))
+    return dumps
 
 
 def parts_read(directory: Path, stem: str) -> dict[int, int]:
     """{part number: instructions} of every dump callgrind wrote as `stem`, `stem.1`, `stem.2`, ..."""
-    parts: dict[int, int] = {}
-    for part, path in _part_paths(directory, stem).items():
-        summary = _SUMMARY.search(path.read_bytes())
-        if summary is None:
-            raise RuntimeError(f"{path.name} is not a callgrind dump")
-        parts[part] = int(summary.group(1))
-    return parts
+    return {part: count for part, (_, count) in _dumps_read(directory, stem).items()}
 
 
 def intervals_label(parts: dict[int, int], labels: list[str]) -> dict[str, list[int]]:
@@ -94,7 +89,7 @@ def dumps_keep(directory: Path, labels: list[str], keep: Path, *, wanted: tuple[
     Each is one request's profile, function by function, for `callgrind_annotate`
     (or KCachegrind): where its instructions went, not just how many there were.
     """
-    paths = _part_paths(directory, "callgrind.out")
+    dumps = _dumps_read(directory, "callgrind.out")
     keep.mkdir(parents=True, exist_ok=True)
     kept: list[Path] = []
     seen: dict[str, int] = {}
@@ -103,7 +98,7 @@ def dumps_keep(directory: Path, labels: list[str], keep: Path, *, wanted: tuple[
             continue
         seen[label] = seen.get(label, 0) + 1
         target = keep / f"{label}-{seen[label]}.callgrind.out"
-        shutil.copyfile(paths[index], target)
+        shutil.copyfile(dumps[index][0], target)
         kept.append(target)
     return kept
 
@@ -176,12 +171,12 @@ def instructions_measure(
         kept: list[Path] = []
 
         def keep_dumps(directory: Path) -> None:
-            if keep is not None:
-                labels = json.loads(labels_path.read_text())
-                kept.extend(dumps_keep(directory, labels, keep, wanted=REQUESTS))
+            assert keep is not None
+            labels = json.loads(labels_path.read_text())
+            kept.extend(dumps_keep(directory, labels, keep, wanted=REQUESTS))
 
         with clock.step(step), console.status("the child runs under callgrind (some fifty times slower)"):
-            parts = callgrind_parts(argv, valgrind=valgrind, keep=keep_dumps)
+            parts = callgrind_parts(argv, valgrind=valgrind, keep=keep_dumps if keep is not None else None)
         counted = intervals_label(parts, json.loads(labels_path.read_text()))
     if kept:
         console.print(
