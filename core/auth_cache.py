@@ -27,7 +27,8 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connections
+
+from core.postgres.conninfo import conninfo_of, session_alias
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +103,7 @@ class _Memory:
             self._thread.start()
 
     def _conninfo(self) -> str:
-        # LISTEN needs a session: behind a transaction pooler, the `direct` alias reaches the primary.
-        alias = "direct" if "direct" in settings.DATABASES else "default"
-        params = connections[alias].get_connection_params()
-        for key in ("cursor_factory", "context", "prepare_threshold"):
-            params.pop(key, None)
-        return psycopg.conninfo.make_conninfo(
-            "", **{k: v for k, v in params.items() if isinstance(v, str | int)}
-        )
+        return conninfo_of(session_alias())  # LISTEN needs a session
 
     def _run(self) -> None:
         failures = 0

@@ -33,9 +33,10 @@ from contextlib import contextmanager
 
 import psycopg
 from django.conf import settings
-from django.db import connection, connections
+from django.db import connection
 
 from core.errors import TooManyRequests
+from core.postgres.conninfo import conninfo_of, session_alias
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +55,7 @@ class _Listener:
         self._ready = threading.Event()
 
     def _conninfo(self) -> str:
-        # LISTEN needs a session: behind a transaction pooler, the `direct` alias
-        # (DATABASE_DIRECT_URL, config/database.py) reaches the primary itself.
-        alias = "direct" if "direct" in settings.DATABASES else "default"
-        params = connections[alias].get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        params.pop("prepare_threshold", None)
-        return psycopg.conninfo.make_conninfo(
-            "", **{k: v for k, v in params.items() if isinstance(v, str | int)}
-        )
+        return conninfo_of(session_alias())  # LISTEN needs a session
 
     def _run(self) -> None:
         reconnecting = False

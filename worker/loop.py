@@ -51,6 +51,7 @@ from django.db import DatabaseError, close_old_connections, connection
 
 from core.constants import WORKER_CHANNEL
 from core.locks import ADVISORY_LOCK_KEYS
+from core.postgres.conninfo import conninfo_of
 from core.worker_status import (
     HEARTBEAT_ROW,
     worker_holder,
@@ -115,10 +116,7 @@ class QuietObserver:
 
 def _listen_conninfo() -> str:
     """The Django connection's parameters as a psycopg conninfo, for the loop's own LISTEN connection."""
-    params = connection.get_connection_params()
-    for key in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(key, None)
-    return psycopg.conninfo.make_conninfo("", **{k: v for k, v in params.items() if isinstance(v, str | int)})
+    return conninfo_of(connection.alias)
 
 
 def _parse_time(payload: str) -> datetime | None:
