@@ -63,6 +63,7 @@ def _psycopg_own() -> AdaptersMap:
 def test_the_service_connection_sends_lists_through_the_kept_dumper() -> None:
     raw = _raw()
     assert raw.adapters.get_dumper(list, PyFormat.AUTO) is ListDumper
+    raw.list_dumpers.clear()  # as on a new connection, whatever earlier tests sent on this one
     with connection.cursor() as cursor:
         cursor.execute("SELECT %s::text[], %s::bigint[]", [["a", "b"], [1, 2]])
         assert cursor.fetchone() == (["a", "b"], [1, 2])
