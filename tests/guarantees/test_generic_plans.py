@@ -28,7 +28,7 @@ from core.auth_cache import auth_cache_start
 from core.postgres.conninfo import conninfo_of
 from core.services import token_issue
 from inventory.models import Pool
-from tests.guarantees.test_query_counts import served
+from tests.support.api import served
 
 # PostgreSQL's own rule: five plans for the values given, then the generic one if it is no worse.
 CUSTOM_PLANS_FIRST = 5

@@ -8,13 +8,9 @@ one transaction) do not run; it is not part of the request's transaction.
 
 from __future__ import annotations
 
-import io
-import json
 from typing import Any
-from wsgiref.util import setup_testing_defaults
 
 import pytest
-from django.core.wsgi import get_wsgi_application
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
@@ -24,7 +20,7 @@ from core.auth_cache import auth_cache_forget, auth_cache_start
 from core.models import ApiToken, Tenant
 from core.services import token_issue
 from inventory.models import Node, Pool
-from tests.support.api import post, reservation_body
+from tests.support.api import post, reservation_body, served
 from tests.support.driver import sent_to_the_server
 from tests.support.factories import (
     DeviceFactory,
@@ -193,32 +189,6 @@ def test_authentication_is_one_statement_once_the_use_is_recorded(
     with CaptureQueriesContext(connection) as capture:
         post(owner_client, "capacity/summary", {"tenantId": "acme"})
     assert not any("core_apitoken" in s or "core_rolebinding" in s for s in statements(capture))
-
-
-def served(path: str, token: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """One call as a WSGI server serves it: the request's signals, and the response closed once read.
-
-    Django's test client leaves the request signals' connection handling out
-    (no health check runs), and schemathesis never closes a response (the
-    delivery held for after it never runs): neither counts what a server sends.
-    """
-    payload = json.dumps(body).encode()
-    environ: dict[str, Any] = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": f"/api/compute/{path}",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(payload)),
-        "HTTP_AUTHORIZATION": f"Bearer {token}",
-        "wsgi.input": io.BytesIO(payload),
-    }
-    setup_testing_defaults(environ)
-    status: list[str] = []
-    response = get_wsgi_application()(environ, lambda line, headers, exc_info=None: status.append(line))
-    try:
-        content = b"".join(response)
-    finally:
-        response.close()  # what sends `request_finished`, and with it the delivery
-    return int(status[0].split()[0]), json.loads(content)
 
 
 def parsed_per_call(sent: list[str]) -> list[int]:
