@@ -56,7 +56,7 @@ def filled_pool(tmp_path: Path) -> Pool:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_every_statement_a_create_and_a_release_repeat_is_planned_once(
+def test_every_statement_a_create_and_a_release_repeat_is_planned_once_one_gpu_or_a_gang(
     filled_pool: Pool, settings: Any
 ) -> None:
     settings.AUTH_CACHE_SECONDS = 60
@@ -64,25 +64,30 @@ def test_every_statement_a_create_and_a_release_repeat_is_planned_once(
     _, secret = token_issue(tenant_id=tenant, role="member", name="plans")
     assert auth_cache_start()
     connection.close()  # the statements are prepared afresh, on the analysed tables
-    for index in range(PAIRS):
-        body = {
-            "tenantId": tenant,
-            "poolId": filled_pool.pk,
-            "devices": [{"class": "gpu", "count": 1}],
-            "duration": 3600,
-            "idempotencyKey": f"plans-{index}",
-        }
-        status, created = served("reservations/create", secret, body)
-        assert status == 201, created
-        status, released = served(
-            "reservations/release", secret, {"tenantId": tenant, "reservationId": created["id"]}
-        )
-        assert status == 200 and released["state"] == "released", released
+    # One GPU, the bench's create; then a gang of two, one allocation per node.
+    for shape, extra in (("one", {}), ("gang", {"gang": {"size": 2}})):
+        for index in range(PAIRS):
+            body = {
+                "tenantId": tenant,
+                "poolId": filled_pool.pk,
+                "devices": [{"class": "gpu", "count": 1}],
+                "duration": 3600,
+                "idempotencyKey": f"plans-{shape}-{index}",
+                **extra,
+            }
+            status, created = served("reservations/create", secret, body)
+            assert status == 201, created
+            assert len(created["allocations"]) == (2 if extra else 1)
+            ref = {"tenantId": tenant, "reservationId": created["id"]}
+            status, released = served("reservations/release", secret, ref)
+            assert status == 200 and released["state"] == "released", released
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
         plans = {" ".join(text.split()): (generic, custom) for text, generic, custom in cursor.fetchall()}
     cut = [text for text in plans if text.startswith("WITH bk AS MATERIALIZED")]
-    assert cut, "the release's cut was not prepared: " + json.dumps(sorted(plans))
+    assert len(cut) == 2, "the release's cut, for one allocation and for several: " + json.dumps(
+        sorted(plans)
+    )
     replanned = {
         text[:160]: counts
         for text, counts in plans.items()
