@@ -180,9 +180,10 @@ def reservation_cut(
         if len(allocations) == 1:
             cursor.execute(_CUT_COUNT_ONE_SQL, {"allocation": allocations[0][0], "at": at})
         else:
-            allocation_ids = [row[0] for row in allocations]
-            params = {"reservation": reservation_id, "allocations": allocation_ids, "at": at}
-            cursor.execute(_CUT_COUNT_MANY_SQL, params)
+            cursor.execute(
+                _CUT_COUNT_MANY_SQL,
+                {"reservation": reservation_id, "allocations": [row[0] for row in allocations], "at": at},
+            )
         given.count_bookings(cursor.fetchall())
         if pool_id is None or tenant_id is None:
             cursor.execute(
