@@ -114,11 +114,6 @@ class QuietObserver:
 # --- the loop --------------------------------------------------------------------------------
 
 
-def _listen_conninfo() -> str:
-    """The Django connection's parameters as a psycopg conninfo, for the loop's own LISTEN connection."""
-    return conninfo_of(connection.alias)
-
-
 def _parse_time(payload: str) -> datetime | None:
     try:
         value = datetime.fromisoformat(payload.strip())
@@ -386,7 +381,7 @@ class WorkerLoop:
         if self._listen is not None:
             return True
         try:
-            conn = psycopg.connect(_listen_conninfo(), autocommit=True)
+            conn = psycopg.connect(conninfo_of(connection.alias), autocommit=True)
             conn.execute(f"LISTEN {WORKER_CHANNEL}")
             if any(job.on_wake for job in self.jobs):
                 conn.execute(f"LISTEN {RELEASE_CHANNEL}")
