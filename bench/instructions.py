@@ -71,11 +71,13 @@ def parts_read(directory: Path, stem: str) -> dict[int, int]:
     return {part: count for part, (_, count) in _dumps_read(directory, stem).items()}
 
 
-def intervals_label(parts: dict[int, int], labels: list[str]) -> dict[str, list[int]]:
+def intervals_label(
+    parts: dict[int, int], labels: list[str], *, trigger: str = "getppid"
+) -> dict[str, list[int]]:
     """Each labelled interval's instructions: part 1 is before the first mark, part k + 1 after mark k."""
     if sorted(parts) != list(range(1, len(labels) + 2)):
         raise RuntimeError(
-            f"{len(parts)} callgrind dumps for {len(labels)} marks: something else called getppid"
+            f"{len(parts)} callgrind dumps for {len(labels)} marks: something else called {trigger}"
         )
     counted: dict[str, list[int]] = {}
     for index, label in enumerate(labels, start=2):
@@ -83,13 +85,15 @@ def intervals_label(parts: dict[int, int], labels: list[str]) -> dict[str, list[
     return counted
 
 
-def dumps_keep(directory: Path, labels: list[str], keep: Path, *, wanted: tuple[str, ...]) -> list[Path]:
+def dumps_keep(
+    directory: Path, labels: list[str], keep: Path, *, wanted: tuple[str, ...], stem: str = "callgrind.out"
+) -> list[Path]:
     """Copy the dumps of the `wanted` intervals to `keep`, named `<label>-<n>.callgrind.out`.
 
     Each is one request's profile, function by function, for `callgrind_annotate`
     (or KCachegrind): where its instructions went, not just how many there were.
     """
-    dumps = _dumps_read(directory, "callgrind.out")
+    dumps = _dumps_read(directory, stem)
     keep.mkdir(parents=True, exist_ok=True)
     kept: list[Path] = []
     seen: dict[str, int] = {}
@@ -103,7 +107,7 @@ def dumps_keep(directory: Path, labels: list[str], keep: Path, *, wanted: tuple[
     return kept
 
 
-def _summary(values: list[int]) -> dict[str, Any]:
+def summary(values: list[int]) -> dict[str, Any]:
     return {
         "p50": int(statistics.median(values)),
         "min": min(values),
@@ -183,7 +187,7 @@ def instructions_measure(
             f"  {len(kept)} requests' profiles kept in {keep}; by function, callers included:"
             f" callgrind_annotate --inclusive=yes --tree=caller {kept[0]}"
         )
-    result: dict[str, Any] = {op: _summary(counted[op]) for op in REQUESTS}
+    result: dict[str, Any] = {op: summary(counted[op]) for op in REQUESTS}
     result["valgrind"] = version
     result["python"] = sys.version.split()[0]
     return result

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.charts import chart_earliest, chart_preview, chart_reads, chart_throughput
+from bench.db_instructions import database_instructions_line
 from bench.instructions import instructions_line
 from bench.profile import FRAMEWORK, STAGES, database_cpu_line, unprobed_cpu_line
 from bench.targets import targets
@@ -309,6 +310,12 @@ def _profile_lines(results: dict[str, Any], sizes: list[str]) -> list[str]:
                 + ". The CPU figures move with the machine; these counts do not (`bench/instructions.py`).",
                 "",
             ]
+            if counted.get("database"):
+                lines += [
+                    database_instructions_line(counted["database"])
+                    + ": PostgreSQL's share of the same requests (`bench/db_instructions.py`).",
+                    "",
+                ]
     return lines
 
 

@@ -173,13 +173,22 @@ def _size_measure(
     return size
 
 
-def _instructions(*, profile: dict[str, Any], clock: Clock, nodes: int) -> dict[str, Any] | None:
+def _instructions(
+    *, server: Server, profile: dict[str, Any], clock: Clock, nodes: int
+) -> dict[str, Any] | None:
     """The same create and release counted in instructions, under callgrind (`bench/instructions.py`)."""
     from bench.instructions import instructions_line, instructions_measure
 
     counted = instructions_measure(clock=clock, nodes=nodes)
     if counted is not None:
         console.print("  " + instructions_line(counted, profile))
+        # The database's side of the same requests, on a copy of the server (`bench/db_instructions.py`).
+        from bench.db_instructions import database_instructions_line, database_instructions_measure
+
+        database = database_instructions_measure(server=server, clock=clock, nodes=nodes)
+        if database is not None:
+            counted["database"] = database
+            console.print("  " + database_instructions_line(database))
     return counted
 
 
@@ -201,7 +210,9 @@ def _served_measure(
         # size is profiled on its freshly filled fleet.
         size["profile"] = _profile(tokens=tokens, pools=pools, clock=clock, nodes=nodes)
         if largest:
-            size["instructions"] = _instructions(profile=size["profile"], clock=clock, nodes=nodes)
+            size["instructions"] = _instructions(
+                server=server, profile=size["profile"], clock=clock, nodes=nodes
+            )
         size["create_one_client"] = create_one_client(
             port=gunicorn.port, tokens=tokens, pools=pools, clock=clock, nodes=nodes
         )

