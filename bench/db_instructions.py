@@ -194,10 +194,13 @@ def database_instructions_measure(
     warmup: int = WARMUP,
     nodes: int = 0,
     keep: Path | None = None,
+    by_statement: bool = False,
 ) -> dict[str, Any] | None:
     """Count the database's instructions for a create and a release; None where that cannot run.
 
     With `keep`, each counted request's profile of the backend is copied there.
+    With `by_statement`, each request is cut at every statement it sends, and
+    the answer is `{"statements": {label: summary}}`, in the order they ran.
     """
     valgrind = valgrind_path()
     if valgrind is None or not _embedded(server):
@@ -224,6 +227,7 @@ def database_instructions_measure(
             env = {**os.environ, "DATABASE_URL": copy.url(BENCH_DB)}
             argv = [sys.executable, "-m", "bench.db_instructions", "--child", "--labels", str(labels_path)]
             argv += ["--samples", str(samples), "--warmup", str(warmup)]
+            argv += ["--by-statement"] if by_statement else []
             child = subprocess.run(argv, env=env, capture_output=True, text=True)  # noqa: S603
             if child.returncode != 0:
                 raise RuntimeError(f"the child failed:\n{child.stdout[-2000:]}{child.stderr[-4000:]}")
@@ -234,11 +238,21 @@ def database_instructions_measure(
                 dumps, written["labels"], keep, wanted=REQUESTS, stem=f"cg.{written['pid']}.out"
             )
             console.print(f"  {len(kept)} requests' profiles of the backend kept in {keep}")
+    if by_statement:
+        return {"statements": {label: summary(counted[label]) for label in counted if label not in _MARKS}}
     return {op: summary(counted[op]) for op in REQUESTS}
 
 
-def _child(labels_path: Path, samples: int, warmup: int) -> None:
-    """Against the copy: `warmup` pairs unmarked, then `samples` pairs with a mark around each request."""
+# The marks that end a request and the run: no statement's interval.
+_MARKS = ("between", "end")
+
+
+def _child(labels_path: Path, samples: int, warmup: int, by_statement: bool) -> None:
+    """Against the copy: `warmup` pairs unmarked, then `samples` pairs with a mark around each request.
+
+    `by_statement`: a mark before every statement of a marked request too, named
+    by the request, the statement's place in it and its first words.
+    """
     from bench.load import one_gpu_hour
     from bench.profile import _host, main_pool_ready
 
@@ -251,14 +265,34 @@ def _child(labels_path: Path, samples: int, warmup: int) -> None:
 
         client = Client(SERVER_NAME=_host(), HTTP_AUTHORIZATION=f"Bearer {token}")
         stamp = f"{time.time_ns():x}"
+        method_now: list[str] = [""]  # the marked request whose statements are counted apart
+        count = [0]
+
+        def statement_mark(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            if method_now[0]:
+                count[0] += 1
+                words = " ".join(sql.split())[:44]
+                # On psycopg's own connection: the mark is not a statement of the request's.
+                with connection.connection.cursor() as raw:
+                    pids.add(mark(raw, labels, f"{method_now[0]} {count[0]:02d} {words}"))
+            return execute(sql, params, many, context)
 
         def request(method: str, body: dict[str, Any], expect: int, marked: bool) -> dict[str, Any]:
             if marked:
                 with connection.cursor() as cursor:
-                    pids.add(mark(cursor, labels, method))
-            response = client.post(
-                f"/api/compute/reservations/{method}", json.dumps(body), "application/json"
-            )
+                    pids.add(
+                        mark(
+                            cursor,
+                            labels,
+                            f"{method} 00 (before its first statement)" if by_statement else method,
+                        )
+                    )
+                method_now[0], count[0] = (method if by_statement else ""), 0
+            with connection.execute_wrapper(statement_mark):
+                response = client.post(
+                    f"/api/compute/reservations/{method}", json.dumps(body), "application/json"
+                )
+            method_now[0] = ""
             if marked:
                 with connection.cursor() as cursor:
                     pids.add(mark(cursor, labels, "between"))
@@ -303,6 +337,21 @@ def database_instructions_line(counted: dict[str, Any]) -> str:
     )
 
 
+def statements_print(statements: dict[str, dict[str, Any]]) -> None:
+    """A table: each statement's median count, in the order the requests sent them."""
+    from rich.table import Table
+
+    table = Table(title="PostgreSQL's instructions per statement (median)")
+    table.add_column("request, statement")
+    table.add_column("M", justify="right")
+    for label, row in statements.items():
+        table.add_row(label, f"{row['p50'] / 1e6:.3f}")
+    for op in REQUESTS:
+        total = sum(row["p50"] for label, row in statements.items() if label.startswith(f"{op} "))
+        table.add_row(f"[b]{op}, the sum[/b]", f"[b]{total / 1e6:.2f}[/b]")
+    console.print(table)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m bench.db_instructions --nodes N`: count on a fleet of its own (or the kept one)."""
     from bench.database import server_find
@@ -318,11 +367,16 @@ def main(argv: list[str] | None = None) -> None:
         metavar="DIR",
         help="copy each counted request's profile of the backend to DIR (create-1.callgrind.out, ...)",
     )
+    parser.add_argument(
+        "--by-statement",
+        action="store_true",
+        help="count each statement of the requests apart (what PostgreSQL runs until the next one)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--labels", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        _child(args.labels, args.samples, args.warmup)
+        _child(args.labels, args.samples, args.warmup, args.by_statement)
         return
     clock = Clock()
     with main_pool_ready(nodes=args.nodes, reuse_db=args.reuse_db, keep_db=args.keep_db, clock=clock):
@@ -333,8 +387,11 @@ def main(argv: list[str] | None = None) -> None:
             warmup=args.warmup,
             nodes=args.nodes,
             keep=args.keep_dumps,
+            by_statement=args.by_statement,
         )
-    if counted is not None:
+    if counted is not None and args.by_statement:
+        statements_print(counted["statements"])
+    elif counted is not None:
         console.print(database_instructions_line(counted))
 
 

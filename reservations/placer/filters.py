@@ -407,11 +407,17 @@ def features_sql(*, request: ReservationRequest, q: Params) -> str:
     )
 
 
-def atoms_of_nodes_sql(*, request: ReservationRequest, node_ids_expr: str) -> str:
-    """The free atoms of every item on the shortlisted nodes, for choosing atoms in Python."""
+def atoms_of_nodes_sql(*, request: ReservationRequest, node_ids_expr: str, one: bool = False) -> str:
+    """The free atoms of every item on the shortlisted nodes, for choosing atoms in Python.
+
+    `one`: `node_ids_expr` is one node's id, compared with `=`. A subquery run per
+    shortlisted node built a one-element array and searched it for each of the
+    candidates' atoms (0.7 M of the placement's 8 M instructions in PostgreSQL).
+    """
+    where = f"node_id = {node_ids_expr}" if one else f"node_id = ANY({node_ids_expr})"
     parts = [
         f"SELECT {i} AS item, node_id, device_id, uid, device_class, numa, nvl, displaced"
-        f" FROM atoms_{i} WHERE node_id = ANY({node_ids_expr})"
+        f" FROM atoms_{i} WHERE {where}"
         for i in range(len(request.devices))
     ]
     return " UNION ALL ".join(parts)

@@ -429,7 +429,7 @@ def _ranked(query: PlanQuery, *, limit: int, salt: int, from_counts: bool) -> li
     elif from_counts:
         # The candidates are few, so the shortlist's free atoms come back in the
         # same statement (`atoms`), saving the plan its second query.
-        atoms = atoms_of_nodes_sql(request=request, node_ids_expr="ARRAY[s.node_id]::text[]")
+        atoms = atoms_of_nodes_sql(request=request, node_ids_expr="s.node_id", one=True)
         sql = (
             f"{ctes},\n{scored}\n"
             f"SELECT s.node_id, s.score, (SELECT json_agg(a) FROM ({atoms}) a)::text AS atoms FROM ("
