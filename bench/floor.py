@@ -4,7 +4,7 @@ Each client runs, per operation, the write path of `reservations/create`
 followed by `reservations/release` with the same statements the placer and
 `reservation_cut` send (reservation insert, node lock `FOR SHARE` under the
 schedulability predicate, atoms `FOR SHARE`, allocation insert, bookings
-`ON CONFLICT DO NOTHING` with a row-count check, quota guard, rollup delta, and
+(the exclusion constraint's refusal a lost race), quota guard, rollup delta, and
 the outbox row; then the release's lock, cut and give-backs, the outbox row taken
 out as a delivery would), each in its own transaction.
 Planning is left out: the floor is what the database alone costs for the
@@ -131,9 +131,9 @@ def _create(cur: psycopg.Cursor[Any], atom: Atom, run_id: str, rollup: str = "ro
     cur.execute(
         "INSERT INTO device_bookings (device_id, allocation_id, purpose, during)"
         " SELECT d.id, %s, 'allocation', tstzrange(%s, %s + interval '1 hour', '[)')"
-        " FROM unnest(%s::bigint[]) AS d(id) ORDER BY d.id ON CONFLICT DO NOTHING",
+        " FROM unnest(%s::bigint[]) AS d(id) ORDER BY d.id",
         [alloc, now, now, [atom.device_id]],
-    )
+    )  # guard 1 as the placer meets it: a conflict raises (the atoms are disjoint, so none does)
     if cur.rowcount != 1:
         raise _Lost
     cur.execute(

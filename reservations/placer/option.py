@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from django.db import OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from core.retry import lost_deadlock
 from inventory.schedulability import schedulable_sql
@@ -111,11 +111,15 @@ def _lock_atoms(*, node_id: str, device_ids: list[int]) -> bool:
         return len(cursor.fetchall()) == len(device_ids)
 
 
-# The allocation and every booking of a member in one statement. Guard 1: no conflict
-# target, so DO NOTHING honours the exclusion constraint, and an atom booked by a
-# concurrent commit yields a short count instead of an error that would abort the
-# request's transaction. (The bookings' foreign key to the allocation is checked at
-# commit; the row is there by then, or both are rolled back.)
+# The allocation and every booking of a member in one statement. Guard 1: the exclusion
+# constraint refuses an atom booked by a concurrent commit, and the refusal is a lost
+# race: the statement fails, and the caller's savepoint, or the create's restart, takes
+# back what the transaction wrote. Not `ON CONFLICT DO NOTHING`, which answered a short
+# count instead: it checks the constraint before the insert as well as after, two scans
+# of the GiST index where one does, 1.1 M of the 3.5 M instructions PostgreSQL ran for
+# this statement. The atoms' locks and the claim's check as of now make the refusal rare.
+# (The bookings' foreign key to the allocation is checked at commit; the row is there by
+# then, or both are rolled back.)
 _BOOK_SQL = """
 WITH allocation AS (
     INSERT INTO reservations_allocation
@@ -126,28 +130,36 @@ WITH allocation AS (
     INSERT INTO device_bookings (device_id, allocation_id, purpose, during)
     SELECT d.id, %(allocation)s, 'allocation', tstzrange(%(start)s, %(end)s, '[)')
       FROM unnest(%(devices)s::bigint[]) AS d(id) ORDER BY d.id
-    ON CONFLICT DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT created_at FROM allocation), (SELECT count(*) FROM booked)
 """
+_EXCLUSION_VIOLATION = "23P01"
 
 
 def _insert_bookings(*, allocation: Allocation, device_ids: list[int], window: Window) -> bool:
-    """Insert the allocation and its bookings; False when a booking lost to a concurrent one (guard 1)."""
+    """Insert the allocation and its bookings; False when a booking lost to a concurrent one (guard 1).
+
+    After False the transaction (or its savepoint) is failed: the caller rolls it back.
+    """
     with connection.cursor() as cursor:
-        cursor.execute(
-            _BOOK_SQL,
-            {
-                "allocation": allocation.id,
-                "reservation": allocation.reservation_id,
-                "node": allocation.node_id,
-                "resources": json.dumps(allocation.resources),
-                "start": window.start,
-                "end": window.end,
-                "devices": device_ids,
-            },
-        )
+        try:
+            cursor.execute(
+                _BOOK_SQL,
+                {
+                    "allocation": allocation.id,
+                    "reservation": allocation.reservation_id,
+                    "node": allocation.node_id,
+                    "resources": json.dumps(allocation.resources),
+                    "start": window.start,
+                    "end": window.end,
+                    "devices": device_ids,
+                },
+            )
+        except IntegrityError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) == _EXCLUSION_VIOLATION:
+                return False
+            raise
         row = cursor.fetchone()
     assert row is not None
     allocation.created_at = row[0]
