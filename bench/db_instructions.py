@@ -37,8 +37,10 @@ from bench.database import BENCH_DB, Server
 from bench.instructions import (
     REQUESTS,
     SAMPLES,
+    count_arguments,
     dumps_keep,
     intervals_label,
+    pairs_marked,
     parts_read,
     summary,
     valgrind_path,
@@ -50,6 +52,8 @@ _READY_SECONDS = 300
 # psycopg prepares a statement on its sixth run and PostgreSQL plans a prepared statement's
 # first five runs afresh: counted before that, a create read from 15 to 47 M.
 WARMUP = 12
+# The marks that end a request and the run: no statement's interval.
+_MARKS = ("between", "end")
 
 
 def postgres_bin() -> Path:
@@ -243,83 +247,44 @@ def database_instructions_measure(
     return {op: summary(counted[op]) for op in REQUESTS}
 
 
-# The marks that end a request and the run: no statement's interval.
-_MARKS = ("between", "end")
-
-
 def _child(labels_path: Path, samples: int, warmup: int, by_statement: bool) -> None:
-    """Against the copy: `warmup` pairs unmarked, then `samples` pairs with a mark around each request.
+    """Against the copy: `bench.instructions.pairs_marked`, each mark a `pg_backend_pid()`.
 
     `by_statement`: a mark before every statement of a marked request too, named
     by the request, the statement's place in it and its first words.
     """
-    from bench.load import one_gpu_hour
-    from bench.profile import _host, main_pool_ready
+    from django.db import connection
 
     labels: list[str] = []
     pids: set[int] = set()
-    with main_pool_ready(nodes=0, reuse_db=True, keep_db=True, clock=Clock()) as (token, tenant, pool_id):
-        from django.db import connection
-        from django.test import Client
-        from django.test.utils import override_settings
+    method_now: list[str] = [""]  # the marked request whose statements are counted apart
+    count = [0]
 
-        client = Client(SERVER_NAME=_host(), HTTP_AUTHORIZATION=f"Bearer {token}")
-        stamp = f"{time.time_ns():x}"
-        method_now: list[str] = [""]  # the marked request whose statements are counted apart
-        count = [0]
-
-        def statement_mark(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-            if method_now[0]:
-                count[0] += 1
-                words = " ".join(sql.split())[:44]
-                # On psycopg's own connection: the mark is not a statement of the request's.
-                with connection.connection.cursor() as raw:
-                    pids.add(mark(raw, labels, f"{method_now[0]} {count[0]:02d} {words}"))
-            return execute(sql, params, many, context)
-
-        def request(method: str, body: dict[str, Any], expect: int, marked: bool) -> dict[str, Any]:
-            if marked:
-                with connection.cursor() as cursor:
-                    pids.add(
-                        mark(
-                            cursor,
-                            labels,
-                            f"{method} 00 (before its first statement)" if by_statement else method,
-                        )
-                    )
-                method_now[0], count[0] = (method if by_statement else ""), 0
-            with connection.execute_wrapper(statement_mark):
-                response = client.post(
-                    f"/api/compute/reservations/{method}", json.dumps(body), "application/json"
-                )
-            method_now[0] = ""
-            if marked:
-                with connection.cursor() as cursor:
-                    pids.add(mark(cursor, labels, "between"))
-            if response.status_code != expect:
-                raise RuntimeError(
-                    f"reservations/{method} answered {response.status_code}: {response.content!r}"
-                )
-            answer: dict[str, Any] = json.loads(response.content)
-            return answer
-
-        def pair(index: int, marked: bool) -> None:
-            body = one_gpu_hour(tenant_id=tenant, pool_id=pool_id, key=f"dbcg-{stamp}-{index}")
-            created = request("create", body, 201, marked)
-            request("release", {"tenantId": tenant, "reservationId": created["id"]}, 200, marked)
-
-        # As in bench.instructions: no rate limit in the way, and the token remembered for the run.
-        with override_settings(
-            API_WRITES_PER_MINUTE_PER_TOKEN=10**9,
-            API_WRITES_PER_MINUTE_PER_TENANT=10**9,
-            AUTH_CACHE_SECONDS=3600,
-        ):
-            for index in range(warmup):
-                pair(index, marked=False)
-            for index in range(warmup, warmup + samples):
-                pair(index, marked=True)
+    def mark_at(label: str) -> None:
+        if by_statement and label in REQUESTS:
+            label = f"{label} 00 (before its first statement)"
         with connection.cursor() as cursor:
-            pids.add(mark(cursor, labels, "end"))
+            pids.add(mark(cursor, labels, label))
+
+    def statement_mark(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if method_now[0]:
+            count[0] += 1
+            words = " ".join(sql.split())[:44]
+            # On psycopg's own connection: the mark is not a statement of the request's.
+            with connection.connection.cursor() as raw:
+                pids.add(mark(raw, labels, f"{method_now[0]} {count[0]:02d} {words}"))
+        return execute(sql, params, many, context)
+
+    @contextmanager
+    def sending(method: str | None) -> Iterator[None]:
+        method_now[0], count[0] = (method or "") if by_statement else "", 0
+        try:
+            with connection.execute_wrapper(statement_mark):
+                yield
+        finally:
+            method_now[0] = ""
+
+    pairs_marked(samples=samples, warmup=warmup, key="dbcg", mark_at=mark_at, sending=sending)
     if len(pids) != 1:
         raise RuntimeError(f"the requests ran on {len(pids)} backends, not one: {sorted(pids)}")
     labels_path.write_text(json.dumps({"pid": pids.pop(), "labels": labels}))
@@ -359,21 +324,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m bench.db_instructions", description=__doc__)
     fleet_arguments(parser)
-    parser.add_argument("--samples", type=int, default=SAMPLES, help="creates + releases counted")
-    parser.add_argument("--warmup", type=int, default=WARMUP, help="pairs run first, not counted")
-    parser.add_argument(
-        "--keep-dumps",
-        type=Path,
-        metavar="DIR",
-        help="copy each counted request's profile of the backend to DIR (create-1.callgrind.out, ...)",
-    )
+    count_arguments(parser, warmup=WARMUP)
     parser.add_argument(
         "--by-statement",
         action="store_true",
         help="count each statement of the requests apart (what PostgreSQL runs until the next one)",
     )
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--labels", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args.labels, args.samples, args.warmup, args.by_statement)

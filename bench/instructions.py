@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -209,12 +210,24 @@ def instructions_line(counted: dict[str, Any], profile: dict[str, Any] | None = 
     )
 
 
-def _child(labels_path: Path, samples: int, warmup: int) -> None:
-    """Under callgrind: `warmup` pairs unmarked, then `samples` pairs with a mark around each request."""
+def pairs_marked(
+    *,
+    samples: int,
+    warmup: int,
+    key: str,
+    mark_at: Callable[[str], object],
+    sending: Callable[[str | None], AbstractContextManager[object]] | None = None,
+) -> None:
+    """The counted run of both counters: `warmup` pairs unmarked, then `samples` pairs, marked.
+
+    `mark_at(label)` runs right before each marked request (its method) and right
+    after it ("between"), and once at the end ("end"); each create and release goes
+    through the test client, as `bench.profile` sends them, within
+    `sending(method)` (`None` for an unmarked one) when given.
+    """
     from bench.load import one_gpu_hour
     from bench.profile import _host, main_pool_ready
 
-    labels: list[str] = []
     with main_pool_ready(nodes=0, reuse_db=True, keep_db=True, clock=Clock()) as (token, tenant, pool_id):
         from django.test import Client
         from django.test.utils import override_settings
@@ -222,12 +235,15 @@ def _child(labels_path: Path, samples: int, warmup: int) -> None:
         client = Client(SERVER_NAME=_host(), HTTP_AUTHORIZATION=f"Bearer {token}")
         stamp = f"{time.time_ns():x}"
 
-        def request(method: str, body: str, expect: int, marked: bool) -> dict[str, Any]:
+        def request(method: str, body: dict[str, Any], expect: int, marked: bool) -> dict[str, Any]:
             if marked:
-                mark(labels, method)
-            response = client.post(f"/api/compute/reservations/{method}", body, "application/json")
+                mark_at(method)
+            with sending(method if marked else None) if sending else nullcontext():
+                response = client.post(
+                    f"/api/compute/reservations/{method}", json.dumps(body), "application/json"
+                )
             if marked:
-                mark(labels, "between")
+                mark_at("between")
             if response.status_code != expect:
                 raise RuntimeError(
                     f"reservations/{method} answered {response.status_code}: {response.content!r}"
@@ -236,9 +252,9 @@ def _child(labels_path: Path, samples: int, warmup: int) -> None:
             return answer
 
         def pair(index: int, marked: bool) -> None:
-            body = one_gpu_hour(tenant_id=tenant, pool_id=pool_id, key=f"cg-{stamp}-{index}")
-            created = request("create", json.dumps(body), 201, marked)
-            request("release", json.dumps({"tenantId": tenant, "reservationId": created["id"]}), 200, marked)
+            body = one_gpu_hour(tenant_id=tenant, pool_id=pool_id, key=f"{key}-{stamp}-{index}")
+            created = request("create", body, 201, marked)
+            request("release", {"tenantId": tenant, "reservationId": created["id"]}, 200, marked)
 
         # As in bench.profile: the bench's own writes are not to be refused by the rate limits. A
         # request takes some fifty times longer under callgrind, so the token, remembered for a
@@ -253,18 +269,20 @@ def _child(labels_path: Path, samples: int, warmup: int) -> None:
                 pair(index, marked=False)
             for index in range(warmup, warmup + samples):
                 pair(index, marked=True)
-    mark(labels, "end")
+        mark_at("end")
+
+
+def _child(labels_path: Path, samples: int, warmup: int) -> None:
+    """Under callgrind: `warmup` pairs unmarked, then `samples` pairs with a mark around each request."""
+    labels: list[str] = []
+    pairs_marked(samples=samples, warmup=warmup, key="cg", mark_at=lambda label: mark(labels, label))
     labels_path.write_text(json.dumps(labels))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m bench.instructions --nodes N`: count on a fleet of its own (or the kept one)."""
-    from bench.profile import fleet_arguments, main_pool_ready
-
-    parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
-    fleet_arguments(parser)
+def count_arguments(parser: argparse.ArgumentParser, *, warmup: int) -> None:
+    """`--samples`, `--warmup`, `--keep-dumps` and the child's own: what both counters take."""
     parser.add_argument("--samples", type=int, default=SAMPLES, help="creates + releases counted")
-    parser.add_argument("--warmup", type=int, default=WARMUP, help="pairs run first, not counted")
+    parser.add_argument("--warmup", type=int, default=warmup, help="pairs run first, not counted")
     parser.add_argument(
         "--keep-dumps",
         type=Path,
@@ -273,6 +291,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--labels", type=Path, help=argparse.SUPPRESS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.instructions --nodes N`: count on a fleet of its own (or the kept one)."""
+    from bench.profile import fleet_arguments, main_pool_ready
+
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
+    fleet_arguments(parser)
+    count_arguments(parser, warmup=WARMUP)
     args = parser.parse_args(argv)
     if args.child:
         _child(args.labels, args.samples, args.warmup)

@@ -10,7 +10,6 @@ cannot start under callgrind is left out, not guessed at.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,18 +26,9 @@ from bench.db_instructions import (
     mark,
     server_under_callgrind,
 )
-from bench.instructions import valgrind_path
+from tests.support.valgrind import valgrind_or_skip
 
 _WORK = "SELECT count(*) FROM generate_series(1, %s) AS s(i) WHERE i %% 7 = 3"
-
-
-def _valgrind() -> str:
-    path = valgrind_path()
-    if path is None:
-        if os.environ.get("REQUIRE_VALGRIND") == "1":
-            pytest.fail("valgrind is not installed (apt-get install valgrind)")
-        pytest.skip("valgrind is not installed (apt-get install valgrind); CI sets REQUIRE_VALGRIND=1")
-    return path
 
 
 @pytest.fixture
@@ -49,7 +39,7 @@ def server_dir() -> Iterator[Path]:
 
 
 def _counted(tmp_path: Path, *, stray: bool = False) -> dict[str, list[int]]:
-    valgrind = _valgrind()
+    valgrind = valgrind_or_skip()
     data, dumps = tmp_path / "cluster" / "data", tmp_path / "dumps"
     cluster_init(data)
     dumps.mkdir()

@@ -9,14 +9,14 @@ same, and twice the work reads about twice as much.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.instructions import callgrind_parts, dumps_keep, intervals_label, parts_read, valgrind_path
+from bench.instructions import callgrind_parts, dumps_keep, intervals_label, parts_read
+from tests.support.valgrind import valgrind_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,19 +42,10 @@ with open({labels_path!r}, "w") as out:
 """
 
 
-def _valgrind() -> str:
-    path = valgrind_path()
-    if path is None:
-        if os.environ.get("REQUIRE_VALGRIND") == "1":
-            pytest.fail("valgrind is not installed (apt-get install valgrind)")
-        pytest.skip("valgrind is not installed (apt-get install valgrind); CI sets REQUIRE_VALGRIND=1")
-    return path
-
-
 def _run(tmp_path: Path, *, stray: str = "", keep: Any = None) -> tuple[dict[int, int], list[str]]:
     labels_path = tmp_path / "labels.json"
     script = _CHILD.format(root=str(ROOT), stray=stray, labels_path=str(labels_path))
-    parts = callgrind_parts([sys.executable, "-c", script], valgrind=_valgrind(), keep=keep)
+    parts = callgrind_parts([sys.executable, "-c", script], valgrind=valgrind_or_skip(), keep=keep)
     return parts, json.loads(labels_path.read_text())
 
 
