@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pwd
 import subprocess
 import sys
 import tempfile
@@ -45,9 +44,8 @@ from bench.instructions import (
     summary,
     valgrind_path,
 )
+from config.cluster_programs import SERVER_USER, own
 
-# The user the embedded server runs as when this runs as root (PostgreSQL refuses root).
-_SYSTEM_USER = "embedded_postgres"
 _READY_SECONDS = 300
 # psycopg prepares a statement on its sixth run and PostgreSQL plans a prepared statement's
 # first five runs afresh: counted before that, a create read from 15 to 47 M.
@@ -64,17 +62,8 @@ def postgres_bin() -> Path:
 
 
 def _user() -> dict[str, Any]:
-    """`subprocess` arguments that run the server as the embedded server's user when this is root."""
-    return {"user": _SYSTEM_USER} if os.geteuid() == 0 else {}
-
-
-def _own(path: Path) -> None:
-    if os.geteuid() != 0:
-        return
-    entry = pwd.getpwnam(_SYSTEM_USER)
-    for root, dirs, files in os.walk(path):
-        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-            os.chown(name, entry.pw_uid, entry.pw_gid)
+    """`subprocess` arguments that run the server as the cluster's server user when this is root."""
+    return {"user": SERVER_USER} if os.geteuid() == 0 else {}
 
 
 def _embedded(server: Server) -> bool:
@@ -102,7 +91,7 @@ def server_under_callgrind(
     listens on a socket in `dumps` only, with no autovacuum (whose workers would
     share the two cores with the counted backend, fifty times slower).
     """
-    _own(dumps)
+    own(dumps)
     port = "5491"
     command = [
         valgrind,
@@ -157,7 +146,7 @@ def backend_counts(dumps: Path, pid: int, labels: list[str]) -> dict[str, list[i
 def cluster_init(data: Path) -> None:
     """An empty cluster in `data` (trust for local connections), for counting statements on no fleet."""
     data.parent.mkdir(parents=True, exist_ok=True)
-    _own(data.parent.parent)
+    own(data.parent.parent)
     made = subprocess.run(  # noqa: S603 - our own arguments
         [str(postgres_bin() / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync"],
         capture_output=True,
@@ -187,7 +176,7 @@ def _copy(server: Server, data: Path) -> None:
         capture_output=True,
         text=True,
     )
-    _own(data)
+    own(data)
 
 
 def database_instructions_measure(
@@ -215,7 +204,7 @@ def database_instructions_measure(
     with tempfile.TemporaryDirectory(prefix="bench-db-callgrind-") as tmp:
         data, dumps = Path(tmp) / "data", Path(tmp) / "dumps"
         dumps.mkdir()
-        _own(Path(tmp))  # the server's user reaches its data and socket through it
+        own(Path(tmp))  # the server's user reaches its data and socket through it
         with clock.step(f"{nodes:,} nodes: copy the database's server (pg_basebackup)"):
             _copy(server, data)
         labels_path = Path(tmp) / "labels.json"
