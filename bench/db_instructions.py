@@ -227,10 +227,10 @@ def database_instructions_measure(
         written = json.loads(labels_path.read_text())
         counted = backend_counts(dumps, written["pid"], written["labels"])
         if keep is not None:
-            kept = dumps_keep(
-                dumps, written["labels"], keep, wanted=REQUESTS, stem=f"cg.{written['pid']}.out"
-            )
-            console.print(f"  {len(kept)} requests' profiles of the backend kept in {keep}")
+            # By statement, each statement's interval is kept; else each request's.
+            wanted = tuple(set(counted) - set(_MARKS)) if by_statement else REQUESTS
+            kept = dumps_keep(dumps, written["labels"], keep, wanted=wanted, stem=f"cg.{written['pid']}.out")
+            console.print(f"  {len(kept)} profiles of the backend kept in {keep}")
     if by_statement:
         return {"statements": {label: summary(counted[label]) for label in counted if label not in _MARKS}}
     return {op: summary(counted[op]) for op in REQUESTS}

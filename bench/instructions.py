@@ -47,6 +47,7 @@ WARMUP = 10
 REQUESTS = ("create", "release")
 _SUMMARY = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
 _PART = re.compile(rb"^part: (\d+)", re.MULTILINE)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def mark(labels: list[str], label: str) -> None:
@@ -91,8 +92,10 @@ def dumps_keep(
 ) -> list[Path]:
     """Copy the dumps of the `wanted` intervals to `keep`, named `<label>-<n>.callgrind.out`.
 
-    Each is one request's profile, function by function, for `callgrind_annotate`
-    (or KCachegrind): where its instructions went, not just how many there were.
+    Each is one request's (or statement's) profile, function by function, for
+    `callgrind_annotate` (or KCachegrind): where its instructions went, not just
+    how many there were. A label's characters other than letters, digits, `.`,
+    `_` and `-` become `_` in the name (a statement's label holds its first words).
     """
     dumps = _dumps_read(directory, stem)
     keep.mkdir(parents=True, exist_ok=True)
@@ -102,7 +105,7 @@ def dumps_keep(
         if label not in wanted:
             continue
         seen[label] = seen.get(label, 0) + 1
-        target = keep / f"{label}-{seen[label]}.callgrind.out"
+        target = keep / f"{_UNSAFE.sub('_', label)}-{seen[label]}.callgrind.out"
         shutil.copyfile(dumps[index][0], target)
         kept.append(target)
     return kept

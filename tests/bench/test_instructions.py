@@ -96,3 +96,16 @@ def test_the_kept_profiles_are_the_counted_intervals_named_by_label(tmp_path: Pa
         "large-1.callgrind.out": counted["large"][0],
         "small-2.callgrind.out": counted["small"][1],
     }
+
+
+def test_a_statements_label_is_kept_under_a_name_any_file_system_takes(tmp_path: Path) -> None:
+    # By statement, a label holds the statement's first words: spaces, parentheses, a `/`, a `*`.
+    label = "create 03 WITH c AS (SELECT * FROM a/b)"
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for part, count in ((1, 50), (2, 700), (3, 5)):
+        name = "callgrind.out" + (f".{part - 1}" if part > 1 else "")
+        (dumps / name).write_bytes(b"version: 1\npart: %d\nsummary: %d\n" % (part, count))
+    kept = dumps_keep(dumps, [label, "end"], tmp_path / "kept", wanted=(label,))
+    assert [path.name for path in kept] == ["create_03_WITH_c_AS__SELECT___FROM_a_b_-1.callgrind.out"]
+    assert parts_read(kept[0].parent, kept[0].name) == {2: 700}
