@@ -58,10 +58,16 @@ class Binding(models.TextChoices):
 
 class Reservation(models.Model):
     id = models.CharField(primary_key=True, max_length=57, default=ids.id_default(ids.RESERVATION))
-    tenant = models.ForeignKey("core.Tenant", on_delete=models.PROTECT, related_name="reservations")
-    pool = models.ForeignKey("inventory.Pool", on_delete=models.PROTECT, related_name="reservations")
+    # The foreign keys' indexes are declared in Meta: a plain btree each, without the
+    # `varchar_pattern_ops` copy Django adds for `LIKE` (migration 0018).
+    tenant = models.ForeignKey(
+        "core.Tenant", on_delete=models.PROTECT, related_name="reservations", db_index=False
+    )
+    pool = models.ForeignKey(
+        "inventory.Pool", on_delete=models.PROTECT, related_name="reservations", db_index=False
+    )
     project = models.ForeignKey(
-        "inventory.Project", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "inventory.Project", null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     # The request as the client gave it, and its canonical digest for idempotency.
     request = models.JSONField()
@@ -97,6 +103,9 @@ class Reservation(models.Model):
             ),
         ]
         indexes = [
+            # The tenant's are the ones below, which all lead with it.
+            models.Index(fields=["pool"], name="reservation_pool"),
+            models.Index(fields=["project"], name="reservation_project"),
             # reservations/list: a tenant's newest first, by cursor on (created_at, id).
             models.Index(fields=["tenant", "-created_at", "-id"], name="reservation_tenant_newest"),
             # The lease reconciler finds expired leases of live reservations.
@@ -137,8 +146,13 @@ class Allocation(models.Model):
     """One node's share of a reservation, with the scalar claims taken from that node."""
 
     id = models.CharField(primary_key=True, max_length=58, default=ids.id_default(ids.ALLOCATION))
-    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
-    node = models.ForeignKey("inventory.Node", on_delete=models.PROTECT, related_name="allocations")
+    # Indexed by `allocation_one_per_node` (reservation, node) and `allocation_node`.
+    reservation = models.ForeignKey(
+        Reservation, on_delete=models.CASCADE, related_name="allocations", db_index=False
+    )
+    node = models.ForeignKey(
+        "inventory.Node", on_delete=models.PROTECT, related_name="allocations", db_index=False
+    )
     # {"vcpu": 16, "memoryGiB": 128, "hugepages1Gi": 0}; given back on release.
     resources = models.JSONField(default=dict, blank=True)
     # What the node's agent gave the workload: {"cpus": [0, 1], "numaNodes": [0], "gpuLocal": true}.
@@ -150,6 +164,7 @@ class Allocation(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["reservation", "node"], name="allocation_one_per_node")
         ]
+        indexes = [models.Index(fields=["node"], name="allocation_node")]
 
     def __str__(self) -> str:
         return self.id
@@ -182,9 +197,14 @@ class DeviceBooking(models.Model):
     """A claim on one atom for `[start, end)`. History: a release shortens `during`."""
 
     id = models.BigAutoField(primary_key=True)
-    device = models.ForeignKey("inventory.Device", on_delete=models.PROTECT, related_name="bookings")
+    # Every booking row version writes an entry in each index of the table, so the
+    # foreign keys' are only those declared in Meta: `booking_device_ends` leads with
+    # the device, `booking_allocation` and `booking_window` are the others.
+    device = models.ForeignKey(
+        "inventory.Device", on_delete=models.PROTECT, related_name="bookings", db_index=False
+    )
     allocation = models.ForeignKey(
-        Allocation, null=True, blank=True, on_delete=models.CASCADE, related_name="bookings"
+        Allocation, null=True, blank=True, on_delete=models.CASCADE, related_name="bookings", db_index=False
     )
     purpose = models.CharField(
         max_length=16, choices=BookingPurpose.choices, default=BookingPurpose.ALLOCATION
@@ -192,7 +212,12 @@ class DeviceBooking(models.Model):
     during = DateTimeRangeField()
     # The maintenance window a `maintenance` booking holds the atom for (null for every other purpose).
     window = models.ForeignKey(
-        "MaintenanceWindow", null=True, blank=True, on_delete=models.PROTECT, related_name="bookings"
+        "MaintenanceWindow",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="bookings",
+        db_index=False,
     )
     # The pool of the device's node, always (the `device_bookings_pool` trigger, migration 0010):
     # the distribution column a sharded PostgreSQL (Citus, keyed by pool) needs in guard 1.
@@ -204,13 +229,16 @@ class DeviceBooking(models.Model):
         db_table = "device_bookings"
         constraints = [
             # Guard 1: at most one booking per atom per instant, whatever the code above does.
-            # `pool_id` first, as a shard key must be; every booking of a device carries the
-            # device's pool, so this refuses exactly what (device, during) alone would.
+            # `pool_id` is the shard key a distributed PostgreSQL needs in the constraint;
+            # every booking of a device carries the device's pool, so this refuses exactly
+            # what (device, during) alone would. The device comes first: GiST tests an
+            # entry's keys in column order, and the device's integer tells entries apart
+            # where the pool's text, the same for most of them, does not (migration 0018).
             ExclusionConstraint(
                 name="device_bookings_no_overlap",
                 expressions=[
-                    ("pool_id", RangeOperators.EQUAL),
                     ("device", RangeOperators.EQUAL),
+                    ("pool_id", RangeOperators.EQUAL),
                     ("during", RangeOperators.OVERLAPS),
                 ],
             ),
@@ -351,7 +379,9 @@ class Delivery(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="deliveries")
+    reservation = models.ForeignKey(
+        Reservation, on_delete=models.CASCADE, related_name="deliveries", db_index=False
+    )
     kind = models.CharField(max_length=8, choices=DeliveryKind.choices)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
@@ -359,7 +389,10 @@ class Delivery(models.Model):
     created_at = models.DateTimeField(db_default=models.Func(function="compute_now"))
 
     class Meta:
-        indexes = [models.Index(fields=["next_attempt_at"], name="delivery_due")]
+        indexes = [
+            models.Index(fields=["next_attempt_at"], name="delivery_due"),
+            models.Index(fields=["reservation"], name="delivery_reservation"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.reservation_id}"
