@@ -12,10 +12,8 @@ may therefore name a different one of them than the create then books.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -34,12 +32,12 @@ from reservations.placer.filters import (
     candidates_sql,
     features_sql,
     gang_key,
-    item_topology,
     row_dicts,
     sharing_mismatch,
     whole_node_atoms_sql,
     with_clause,
 )
+from reservations.placer.members import Member, member_choose
 from reservations.placer.scorers import score_sql
 from reservations.placer.sql import Params
 from reservations.request.types import ReservationRequest, start_horizon_message, start_horizon_seconds
@@ -50,6 +48,11 @@ SHORTLIST_SIZE = 10
 # when none of them fits.
 CANDIDATE_NODES = 2 * SHORTLIST_SIZE
 CANDIDATE_GROUPS = SHORTLIST_SIZE
+# How many of a plan's first options (plain requests ranked from the kept counts)
+# have their atoms read with the ranking; the rest are read, in one more statement,
+# only when a commit gets past these. A create books its first option but for a
+# lost race; a preview lists all ten and asks for them all at once.
+ATOMS_WITH_RANKING = 3
 
 
 def tie_salt() -> int:
@@ -62,29 +65,8 @@ def _tie_sql(column: str, salt: str) -> str:
     return f"hashtextextended({column}, {salt}), {column}"
 
 
-def _tie(value: Any, salt: int) -> bytes:
-    """The Python side of the same idea, for atoms: a per-plan random but stable order."""
-    return hashlib.blake2b(f"{salt}:{value}".encode(), digest_size=8).digest()
-
-
 # A start this far in the past is refused; closer than that it means "now".
 START_PAST_TOLERANCE = timedelta(minutes=5)
-
-
-@dataclass(frozen=True)
-class Member:
-    """One node of an option and the atoms it would book there."""
-
-    node_id: str
-    device_ids: tuple[int, ...]
-    atoms: tuple[str, ...]
-    classes: tuple[str, ...]
-    score: float
-    displaced: int = 0
-    # For a member of one atom: the node's other free atoms of that class, best
-    # first (device id, uid). The commit may take one of them instead when a
-    # concurrent placement holds the planned one (`option._lock_member`).
-    alternates: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -202,95 +184,6 @@ def displaced_window(*, window: Window, notice_seconds: int) -> Window:
     return Window(start=start, end=start + (window.end - window.start), now=window.now)
 
 
-def _choose_item_atoms(
-    rows: list[dict[str, Any]], count: int, nvlink_all: bool, salt: int
-) -> list[dict[str, Any]] | None:
-    """Pick `count` atoms on one node: one NVLink domain if asked, one NUMA node when possible.
-
-    Free atoms come before spot-booked ones; among NUMA nodes that can hold
-    the whole count the fullest-fitting (fewest free) is chosen, keeping large
-    groups whole for later requests. Between equally good NUMA nodes and atoms
-    the order comes from the plan's `salt`, so two concurrent plans that pick
-    the same node usually pick different atoms of it.
-    """
-    if len(rows) < count:
-        return None
-    pools: list[list[dict[str, Any]]] = [rows]
-    if nvlink_all:
-        by_domain: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for row in rows:
-            if row["nvl"] is not None:
-                by_domain[row["nvl"]].append(row)
-        pools = [group for group in by_domain.values() if len(group) >= count]
-        if not pools:
-            return None
-        pools.sort(key=lambda g: (sum(1 for r in g if r["displaced"]), len(g), g[0]["nvl"]))
-    candidates = pools[0]
-    by_numa: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for row in candidates:
-        by_numa[row["numa"]].append(row)
-    for group in by_numa.values():
-        group.sort(key=lambda r: (r["displaced"], _tie(r["uid"], salt), r["uid"]))
-    fitting = [g for g in by_numa.values() if len(g) >= count]
-    if fitting:
-        fitting.sort(
-            key=lambda g: (sum(1 for r in g[:count] if r["displaced"]), len(g), _tie(g[0]["numa"], salt))
-        )
-        return fitting[0][:count]
-    # No single NUMA node holds it: take from the largest groups first.
-    chosen: list[dict[str, Any]] = []
-    for group in sorted(by_numa.values(), key=lambda g: -len(g)):
-        chosen.extend(group[: count - len(chosen)])
-        if len(chosen) == count:
-            break
-    return chosen
-
-
-def _member(
-    *,
-    request: ReservationRequest,
-    node_id: str,
-    score: float,
-    rows: list[dict[str, Any]],
-    whole: list[dict[str, Any]],
-    salt: int,
-) -> Member | None:
-    taken: set[int] = set()
-    chosen: list[dict[str, Any]] = []
-    for index, item in enumerate(request.devices):
-        available = [r for r in rows if r["item"] == index and r["device_id"] not in taken]
-        picked = _choose_item_atoms(available, item.count, item_topology(request, item) == "nvlink-all", salt)
-        if picked is None:
-            return None  # two items competing for the same atoms on this node
-        taken.update(r["device_id"] for r in picked)
-        chosen.extend(picked)
-    if request.binding == "node":
-        # A whole-node lease books every bookable atom, the `node` atom included.
-        chosen = sorted(whole, key=lambda r: (r["device_class"], r["uid"]))
-    alternates: tuple[tuple[int, str], ...] = ()
-    if len(chosen) == 1 and request.binding != "node" and not chosen[0]["displaced"]:
-        # One atom: any other free one of the same class on the node serves the
-        # request as well (one atom is on one NUMA node and one NVLink domain).
-        same = [
-            r
-            for r in rows
-            if r["device_class"] == chosen[0]["device_class"]
-            and r["device_id"] != chosen[0]["device_id"]
-            and not r["displaced"]
-        ]
-        same.sort(key=lambda r: (_tie(r["uid"], salt), r["uid"]))
-        alternates = tuple((r["device_id"], r["uid"]) for r in same)
-    return Member(
-        node_id=node_id,
-        device_ids=tuple(r["device_id"] for r in chosen),
-        atoms=tuple(r["uid"] for r in chosen),
-        classes=tuple(r["device_class"] for r in chosen),
-        score=float(score),
-        displaced=sum(1 for r in chosen if r["displaced"]),
-        alternates=alternates,
-    )
-
-
 def placement_plan(
     *,
     request: ReservationRequest,
@@ -300,6 +193,7 @@ def placement_plan(
     exclude_node_ids: tuple[str, ...] = (),
     limit: int = SHORTLIST_SIZE,
     salt: int | None = None,
+    atoms_with_ranking: int = ATOMS_WITH_RANKING,
 ) -> Plan:
     """The best `limit` options for `request` in `window`, best first; a reason when there are none.
 
@@ -312,6 +206,8 @@ def placement_plan(
     counts name (`filters.candidates_sql`: a bounded number of the fullest
     nodes that still hold it, read from an index), so its cost does not grow
     with the pool; only when none of them fits is the whole pool ranked.
+    The first `atoms_with_ranking` of those candidates' options have their
+    atoms read in the ranking's statement (`ATOMS_WITH_RANKING`).
     """
     if displace:
         window = displaced_window(window=window, notice_seconds=pool.notice_seconds)
@@ -330,7 +226,13 @@ def placement_plan(
         # The candidates may hold nothing that fits (a selector they miss, counts
         # a moment behind the clock): then the whole pool is ranked.
         plan.scope = scope
-        ranked = _ranked(query, limit=limit, salt=salt, from_counts=scope == "counts")
+        ranked = _ranked(
+            query,
+            limit=limit,
+            salt=salt,
+            from_counts=scope == "counts",
+            atoms_with_ranking=atoms_with_ranking,
+        )
         plan.options = _options(query, ranked=ranked, salt=salt)
         if plan.options:
             return plan
@@ -344,8 +246,11 @@ def placement_plan(
 def _options(query: PlanQuery, *, ranked: list[dict[str, Any]], salt: int) -> Options:
     """The ranked nodes (or groups) as options, each member with the atoms it would book.
 
-    The atoms are read here, at once (in the plan's snapshot); an option's
-    members are chosen from them when the option is first asked for.
+    The atoms are read here, at once (in the plan's snapshot), or came with
+    the ranking; an option's members are chosen from them when the option is
+    first asked for. Ranked nodes whose atoms did not come with the ranking
+    (past its first `atoms_with_ranking`) are read together the first time
+    one of them is asked for.
     """
     if not ranked:
         return Options()
@@ -358,8 +263,10 @@ def _options(query: PlanQuery, *, ranked: list[dict[str, Any]], salt: int) -> Op
     # The shortlist's atoms, fetched with it as JSON text: read only for the options asked for,
     # and a plan seldom gets past its first (decoding all ten was 0.1 ms of a create's CPU).
     atoms_text: dict[str, str | None] = {}
+    unread: set[str] = set()
     if "atoms" in ranked[0]:
-        atoms_text = {r["node_id"]: r["atoms"] for r in ranked}
+        atoms_text = {r["node_id"]: r["atoms"] for r in ranked if r["atoms_read"]}
+        unread = {r["node_id"] for r in ranked if not r["atoms_read"]}
     else:
         atoms_by_node = _atoms_for(
             query, node_ids=sorted({node_id for nodes, _, _ in groups for node_id in nodes})
@@ -369,6 +276,9 @@ def _options(query: PlanQuery, *, ranked: list[dict[str, Any]], salt: int) -> Op
         if node_id in atoms_text:
             text = atoms_text.pop(node_id)
             atoms_by_node[node_id] = (json.loads(text) if text else [], [])
+        elif node_id in unread:
+            atoms_by_node.update(_atoms_for(query, node_ids=sorted(unread)))
+            unread.clear()
         return atoms_by_node.get(node_id, ([], []))
 
     def made() -> Iterator[Option]:
@@ -376,7 +286,7 @@ def _options(query: PlanQuery, *, ranked: list[dict[str, Any]], salt: int) -> Op
             members = []
             for node_id, score in zip(nodes, scores, strict=True):
                 rows, whole = atoms_of(node_id)
-                member = _member(
+                member = member_choose(
                     request=request, node_id=node_id, score=score, rows=rows, whole=whole, salt=salt
                 )
                 if member is None:
@@ -399,8 +309,14 @@ def _from_counts(query: PlanQuery) -> bool:
     return window.start <= window.now and not query.displace and query.request.binding != "node"
 
 
-def _ranked(query: PlanQuery, *, limit: int, salt: int, from_counts: bool) -> list[dict[str, Any]]:
-    """One query: the best `limit` nodes (or gang groups) by score, of the candidates or of the pool."""
+def _ranked(
+    query: PlanQuery, *, limit: int, salt: int, from_counts: bool, atoms_with_ranking: int = SHORTLIST_SIZE
+) -> list[dict[str, Any]]:
+    """One query: the best `limit` nodes (or gang groups) by score, of the candidates or of the pool.
+
+    Ranked from the candidates, the first `atoms_with_ranking` nodes come with
+    their free atoms (`atoms_read`).
+    """
     request = query.request
     q = Params()
     salt_expr = q.p(salt, "bigint")
@@ -427,14 +343,19 @@ def _ranked(query: PlanQuery, *, limit: int, salt: int, from_counts: bool) -> li
             f" LIMIT {q.p(limit, 'int')}"
         )
     elif from_counts:
-        # The candidates are few, so the shortlist's free atoms come back in the
-        # same statement (`atoms`), saving the plan its second query.
+        # The candidates are few, so the first options' free atoms come back in the
+        # same statement (`atoms`), saving the plan its second query. The others'
+        # are not built (a `CASE` runs its subquery only where it is taken): each
+        # node's were 0.1 M instructions of a create's 7.5 M placement.
         atoms = atoms_of_nodes_sql(request=request, node_ids_expr="s.node_id", one=True)
+        order = f"score DESC, {_tie_sql('node_id', salt_expr)}"
+        read = f"s.rank <= {q.p(atoms_with_ranking, 'int')}"
         sql = (
             f"{ctes},\n{scored}\n"
-            f"SELECT s.node_id, s.score, (SELECT json_agg(a) FROM ({atoms}) a)::text AS atoms FROM ("
-            f"SELECT node_id, score FROM scored ORDER BY score DESC, {_tie_sql('node_id', salt_expr)}"
-            f" LIMIT {q.p(limit, 'int')}) s ORDER BY s.score DESC, {_tie_sql('s.node_id', salt_expr)}"
+            f"SELECT s.node_id, s.score, {read} AS atoms_read,"
+            f" CASE WHEN {read} THEN (SELECT json_agg(a) FROM ({atoms}) a)::text END AS atoms FROM ("
+            f"SELECT node_id, score, row_number() OVER (ORDER BY {order}) AS rank FROM scored"
+            f" ORDER BY {order} LIMIT {q.p(limit, 'int')}) s ORDER BY s.rank"
         )
     else:
         sql = (
@@ -489,7 +410,10 @@ def _no_fit_reason(*, request: ReservationRequest, displace: bool) -> Reason:
 
 def plan_for_preview(*, request: ReservationRequest, pool: Pool, window: Window) -> tuple[Plan, Plan | None]:
     """The plan `capacity.preview` shows, and (regular requests that do not fit) the displacing one."""
-    plan = placement_plan(request=request, pool=pool, window=window)
+    # A preview lists every option with its atoms: all of them come with the ranking.
+    plan = placement_plan(request=request, pool=pool, window=window, atoms_with_ranking=SHORTLIST_SIZE)
     if plan.fits or request.spot:
         return plan, None
-    return plan, placement_plan(request=request, pool=pool, window=window, displace=True)
+    return plan, placement_plan(
+        request=request, pool=pool, window=window, displace=True, atoms_with_ranking=SHORTLIST_SIZE
+    )

@@ -49,13 +49,13 @@ def test_options_are_pulled_one_at_a_time_and_kept() -> None:
 
 def count_members(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     built: list[str] = []
-    original = plan_module._member
+    original = plan_module.member_choose
 
     def counted(**kwargs: Any) -> Member | None:
         built.append(kwargs["node_id"])
         return original(**kwargs)
 
-    monkeypatch.setattr(plan_module, "_member", counted)
+    monkeypatch.setattr(plan_module, "member_choose", counted)
     return built
 
 
@@ -89,3 +89,37 @@ def test_listing_the_options_builds_them_all_as_an_eager_plan_would(
     assert {o.members[0].node_id for o in listed} == nodes
     # The same salt is the same plan, atoms and order, however it is read.
     assert plan_of(request).options == listed
+
+
+@pytest.mark.django_db
+def test_options_past_those_read_with_the_ranking_are_read_when_asked_for_and_are_the_same(
+    owned_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A create reads the first options' atoms with the ranking and the others only if
+    # it gets to them (a lost race), in one more statement: the same options either way.
+    for _ in range(6):
+        make_node(owned_pool, gpus=8)
+    request = gpu_request(owned_pool, 2)
+    pool = Pool.objects.get(pk=request.pool_id)
+    window = placement_window(request=request)
+    read_later: list[list[str]] = []
+    original = plan_module._atoms_for
+
+    def counted(query: Any, *, node_ids: list[str]) -> Any:
+        read_later.append(node_ids)
+        return original(query, node_ids=node_ids)
+
+    monkeypatch.setattr(plan_module, "_atoms_for", counted)
+    lazy = placement_plan(request=request, pool=pool, window=window, salt=7, atoms_with_ranking=2)
+    assert lazy.scope == "counts"
+    first_two = [lazy.options[0], lazy.options[1]]
+    assert read_later == []
+    everything = list(lazy.options)
+    assert len(everything) == 6
+    # The four others, read together once, the first time one of them was asked for.
+    assert len(read_later) == 1 and sorted(read_later[0]) == sorted(
+        o.members[0].node_id for o in everything[2:]
+    )
+    eager = placement_plan(request=request, pool=pool, window=window, salt=7, atoms_with_ranking=10)
+    assert list(eager.options) == everything and everything[:2] == first_two
+    assert len(read_later) == 1  # the eager plan read every node's atoms with its ranking
