@@ -47,16 +47,21 @@ def test_options_are_pulled_one_at_a_time_and_kept() -> None:
     assert not Options()
 
 
+def calls_of(monkeypatch: pytest.MonkeyPatch, name: str, keyword: str) -> list[Any]:
+    """What each call of `plan.<name>` was given as `keyword`, in order."""
+    seen: list[Any] = []
+    original = getattr(plan_module, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs[keyword])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, name, counted)
+    return seen
+
+
 def count_members(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    built: list[str] = []
-    original = plan_module.member_choose
-
-    def counted(**kwargs: Any) -> Member | None:
-        built.append(kwargs["node_id"])
-        return original(**kwargs)
-
-    monkeypatch.setattr(plan_module, "member_choose", counted)
-    return built
+    return calls_of(monkeypatch, "member_choose", "node_id")
 
 
 def plan_of(request: ReservationRequest, salt: int = 1) -> plan_module.Plan:
@@ -102,14 +107,7 @@ def test_options_past_those_read_with_the_ranking_are_read_when_asked_for_and_ar
     request = gpu_request(owned_pool, 2)
     pool = Pool.objects.get(pk=request.pool_id)
     window = placement_window(request=request)
-    read_later: list[list[str]] = []
-    original = plan_module._atoms_for
-
-    def counted(query: Any, *, node_ids: list[str]) -> Any:
-        read_later.append(node_ids)
-        return original(query, node_ids=node_ids)
-
-    monkeypatch.setattr(plan_module, "_atoms_for", counted)
+    read_later = calls_of(monkeypatch, "_atoms_for", "node_ids")
     lazy = placement_plan(request=request, pool=pool, window=window, salt=7, atoms_with_ranking=2)
     assert lazy.scope == "counts"
     first_two = [lazy.options[0], lazy.options[1]]
