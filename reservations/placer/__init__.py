@@ -8,8 +8,9 @@ nothing (`capacity.preview` shows it). A plan starting now is one query: the
 kept per-node counts (`reservations.models.NodeAtomCount`) name a bounded set
 of candidates and only those are probed, so its cost does not grow with the
 pool (the first three options' atoms come with it, the others' in a second
-query if a commit gets past those, a preview's all in the first); a later start, a displacing plan, a whole-node lease, or candidates of
-which none fits, rank the whole pool in two queries. `commit.placement_commit`
+query if a commit gets past those, a preview's all in the first); a later
+start, a displacing plan, a whole-node lease, or candidates of which none
+fits, rank the whole pool in two queries. `commit.placement_commit`
 walks the shortlist inside the caller's transaction with the guard-4 locks,
 the guard-1 booking insert and the guard-3 scalar claims, replanning a bounded
 number of times, and raises `NoCapacity` with the placer's reason;
