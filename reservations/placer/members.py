@@ -93,6 +93,11 @@ def member_choose(
     whole: list[dict[str, Any]],
     salt: int,
 ) -> Member | None:
+    """The member a ranked node makes, from its free atoms `rows`; None when they cannot hold the request.
+
+    Each device item takes its atoms apart from the items before it (two items
+    may not share an atom); a whole-node lease takes `whole`, every bookable atom.
+    """
     taken: set[int] = set()
     chosen: list[dict[str, Any]] = []
     for index, item in enumerate(request.devices):
