@@ -102,10 +102,15 @@ def _lock_atoms(*, node_id: str, device_ids: list[int]) -> bool:
     # Guard 4 for devices: a health flip, a quarantine or a report that makes a
     # device unbookable UPDATEs the device row, so it serializes with this lock
     # exactly as the node's does. Ordered by id so concurrent lockers agree.
+    # `FOR NO KEY UPDATE`, as the one-atom claim takes, not `FOR SHARE`: two placements
+    # of one atom then book one after the other. Under `FOR SHARE` both inserted their
+    # bookings, each then waited for the other's at the exclusion check (a plain
+    # insert checks after inserting), and PostgreSQL broke the cycle only after
+    # `deadlock_timeout`. It does not block the bookings' foreign-key checks (`KEY SHARE`).
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id FROM inventory_device WHERE id = ANY(%s) AND node_id = %s AND healthy AND bookable"
-            " ORDER BY id FOR SHARE",
+            " ORDER BY id FOR NO KEY UPDATE",
             [device_ids, node_id],
         )
         return len(cursor.fetchall()) == len(device_ids)

@@ -164,7 +164,8 @@ def test_guard2_enabling_mig_under_a_placement_in_flight_is_refused(hooks: Hooks
             return "refused"
         return "applied"
 
-    # The placement holds the node and the GPU FOR SHARE, not yet booked: the report waits for it.
+    # The placement holds the node (FOR SHARE) and the GPU (FOR NO KEY UPDATE), not yet booked:
+    # the report waits for it.
     reporter = started_until_blocked(enable_mig)
     go_on.set()
     assert isinstance(placer.finish(), ReservationCreated), placer.error

@@ -266,10 +266,11 @@ def test_node_operations_wait_for_a_placer_holding_the_node_for_share(operation:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_device_health_waits_for_a_placer_holding_the_atom_for_share() -> None:
+def test_device_health_waits_for_a_placer_holding_the_atom() -> None:
     device = DeviceFactory.create()
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM inventory_device WHERE id = %s FOR SHARE", [device.pk])
+        # What the placer does before it books (guard 4, `option._lock_atoms`).
+        cursor.execute("SELECT 1 FROM inventory_device WHERE id = %s FOR NO KEY UPDATE", [device.pk])
         error = _run_in_thread(
             lambda: operations.device_set_health(
                 device=Device.objects.get(pk=device.pk), healthy=False, reason="xid", actor=ACTOR
