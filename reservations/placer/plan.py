@@ -310,7 +310,7 @@ def _from_counts(query: PlanQuery) -> bool:
 
 
 def _ranked(
-    query: PlanQuery, *, limit: int, salt: int, from_counts: bool, atoms_with_ranking: int = SHORTLIST_SIZE
+    query: PlanQuery, *, limit: int, salt: int, from_counts: bool, atoms_with_ranking: int
 ) -> list[dict[str, Any]]:
     """One query: the best `limit` nodes (or gang groups) by score, of the candidates or of the pool.
 
